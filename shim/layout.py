@@ -1,0 +1,53 @@
+"""Names every part agrees on: mount paths, file names and environment variables.
+
+The webhook writes these into the pod spec, the sidecar and the shim read them
+back. They live in the shim package because the shim may only use the standard
+library and must be importable on its own inside the user's Python; the webhook
+and the sidecar import this module rather than repeating the strings.
+"""
+
+# Volumes the webhook mounts into the trainer and the sidecar.
+LOCAL_DIR = "/mnt/jitckpt"  # jitckpt-local: checkpoints, staging
+RUN_DIR = "/var/run/jitckpt"  # jitckpt-run (Memory): socket, pid files
+SHIM_ROOT = "/opt/jitckpt"  # jitckpt-shim: the sidecar copies the shim here
+SHIM_DIR = SHIM_ROOT + "/shim"  # what PYTHONPATH points at
+SOCKET_PATH = RUN_DIR + "/agent.sock"
+
+# Inside LOCAL_DIR.
+CHECKPOINTS_SUBDIR = "checkpoints"  # HF writes checkpoint-<step>/ here; restore lands here
+STAGING_SUBDIR = "staging"  # staging/<id>/: hard links owned by the sidecar
+# Inside RUN_DIR.
+PIDS_SUBDIR = "pids"  # pids/<pid>.pid: processes the preStop hook signals
+
+CHECKPOINT_PREFIX = "checkpoint-"
+MANIFEST_DIR = ".jitckpt"  # <root>/checkpoint-<step>/.jitckpt/node-<k>.json
+
+# Exit code of a trainer after a JIT save: 128 + SIGTERM, never success.
+JIT_EXIT_CODE = 143
+
+# Trainer container environment (set by the webhook, read by the shim).
+ENV_DIR = "JITCKPT_DIR"
+ENV_SOCKET = "JITCKPT_SOCKET"
+ENV_GRACE_SECONDS = "JITCKPT_GRACE_SECONDS"
+ENV_JIT = "JITCKPT_JIT"
+ENV_SAVE_STRATEGY = "JITCKPT_SAVE_STRATEGY"
+ENV_SAVE_STEPS = "JITCKPT_SAVE_STEPS"
+ENV_SAVE_TOTAL_LIMIT = "JITCKPT_SAVE_TOTAL_LIMIT"
+ENV_TORCH_SHUTDOWN = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+
+# Sidecar container environment (set by the webhook, read by the sidecar).
+ENV_DESTINATION = "JITCKPT_DESTINATION"  # the job's root: <destination>/<namespace>/<job>
+ENV_JOB_NAME = "JITCKPT_JOB_NAME"
+ENV_NODE_RANK = "JITCKPT_NODE_RANK"  # copied from the trainer (literal or fieldRef)
+ENV_NNODES = "JITCKPT_NNODES"
+ENV_POD_NAME = "JITCKPT_POD_NAME"  # fieldRef metadata.name
+ENV_POD_NAMESPACE = "JITCKPT_POD_NAMESPACE"  # fieldRef metadata.namespace
+ENV_POD_IP = "JITCKPT_POD_IP"  # fieldRef status.podIP: where the status server binds
+ENV_STATUS_PORT = "JITCKPT_STATUS_PORT"
+ENV_RETENTION = "JITCKPT_S3_RETENTION"
+ENV_VERIFY_SSL = "JITCKPT_VERIFY_SSL"
+ENV_VERIFY_ACCESS = "JITCKPT_VERIFY_ACCESS"
+ENV_RESUME = "JITCKPT_RESUME"
+ENV_MODE = "JITCKPT_MODE"  # "native" or "legacy"
+
+STATUS_PORT = 8471
