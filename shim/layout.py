@@ -12,6 +12,7 @@ RUN_DIR = "/var/run/jitckpt"  # jitckpt-run (Memory): socket, pid files
 SHIM_ROOT = "/opt/jitckpt"  # jitckpt-shim: the sidecar copies the shim here
 SHIM_DIR = SHIM_ROOT + "/shim"  # what PYTHONPATH points at
 SOCKET_PATH = RUN_DIR + "/agent.sock"
+PVC_MOUNT = "/mnt/jitckpt-pvc"  # jitckpt-pvc: the claim of a pvc:// destination (sidecar only)
 
 # Inside LOCAL_DIR.
 CHECKPOINTS_SUBDIR = "checkpoints"  # HF writes checkpoint-<step>/ here; restore lands here
@@ -49,5 +50,6 @@ ENV_VERIFY_SSL = "JITCKPT_VERIFY_SSL"
 ENV_VERIFY_ACCESS = "JITCKPT_VERIFY_ACCESS"
 ENV_RESUME = "JITCKPT_RESUME"
 ENV_MODE = "JITCKPT_MODE"  # "native" or "legacy"
+ENV_PVC_MOUNT = "JITCKPT_PVC_MOUNT"  # where the claim of pvc:// is mounted
 
 STATUS_PORT = 8471
