@@ -1,0 +1,269 @@
+"""The admission server: ``POST /mutate`` plus health, readiness and metrics.
+
+``create_app`` builds a FastAPI app from explicit parts (configuration,
+namespace cache, metrics, readiness check); nothing lives at module level, so
+tests build as many independent apps as they like and the serve command
+wires the real ones (TLS, the namespace watch) around it.
+
+Namespaces. The MutatingWebhookConfiguration's ``namespaceSelector`` only
+sends pods of opted-in namespaces, and the handler still hands the
+namespace's labels to ``mutate`` (``require_opt_in=True``), so a namespace
+whose label was removed a moment ago is not injected. Where the cache has no
+entry:
+
+- no Kubernetes API at all (``namespaces is None``): the namespace counts as
+  opted in (the selector guaranteed it) with no annotations, so the config
+  file's defaults and the pod's annotations alone apply, as the design says;
+- with an API: the handler waits briefly for the watch to deliver a namespace
+  created a moment ago; if it still is unknown, the pod is admitted unchanged
+  with a warning (``skipped{reason="namespace-unknown"}``). Injecting without
+  the namespace's annotations could send checkpoints to a cluster-default
+  destination the namespace meant to override, which is worse than no
+  checkpointing for one pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+
+from webhook.admission import (
+    MAX_BODY_BYTES,
+    PodRequest,
+    ReviewError,
+    parse_review,
+    review,
+    uid_from_prefix,
+)
+from webhook.config import WebhookConfig
+from webhook.metrics import AdmissionMetrics
+from webhook.mutate import MutationResult, NamespaceInfo, mutate
+from webhook.namespaces import NamespaceCache
+from webhook.settings import INJECTION_ENABLED, INJECTION_LABEL
+
+log = logging.getLogger(__name__)
+
+# Skip reasons that are the normal course of things and need no warning:
+# initializer pods of a TrainJob, and the reinvocation of an injected pod.
+QUIET_SKIPS = frozenset({"not-trainer", "already-injected"})
+# Enough of an oversized body to find the request uid in it.
+UID_PREFIX_BYTES = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, prefix: bytes) -> None:
+        super().__init__("request body too large")
+        self.prefix = prefix
+
+
+async def read_bounded(request: Request, limit: int) -> bytes:
+    """The request body, read as a stream and abandoned as soon as it exceeds ``limit``."""
+    declared = request.headers.get("content-length", "")
+    too_big_declared = declared.isdigit() and int(declared) > limit
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit or (too_big_declared and len(buf) >= UID_PREFIX_BYTES):
+            raise BodyTooLarge(bytes(buf[:UID_PREFIX_BYTES]))
+    if too_big_declared:
+        raise BodyTooLarge(bytes(buf[:UID_PREFIX_BYTES]))
+    return bytes(buf)
+
+
+class AdmissionHandler:
+    """Turns one HTTP request into (HTTP status, AdmissionReview answer)."""
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        namespaces: NamespaceCache | None,
+        metrics: AdmissionMetrics,
+        *,
+        max_body_bytes: int,
+        namespace_wait_seconds: float,
+    ) -> None:
+        self.config = config
+        self.namespaces = namespaces
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.namespace_wait_seconds = namespace_wait_seconds
+
+    async def handle(self, request: Request) -> tuple[int, dict[str, Any]]:
+        try:
+            body = await read_bounded(request, self.max_body_bytes)
+        except BodyTooLarge as exc:
+            message = f"request body exceeds {self.max_body_bytes} bytes"
+            return self._failed(ReviewError("too-large", message, uid_from_prefix(exc.prefix)))
+        except ClientDisconnect:
+            return self._failed(ReviewError("disconnected", "client went away mid-request"))
+        try:
+            req = parse_review(body)
+        except ReviewError as exc:
+            return self._failed(exc)
+        if req.operation != "CREATE":
+            return self._skipped(req, "not-create", f"operation {req.operation} is not reviewed")
+        namespace = await self._namespace(req.namespace)
+        if namespace is None:
+            return self._skipped(
+                req,
+                "namespace-unknown",
+                f"jitckpt: namespace {req.namespace} is not known to the webhook yet; "
+                "pod admitted without checkpointing",
+                warn=True,
+            )
+        try:
+            result = mutate(req.pod, namespace, self.config, require_opt_in=True)
+        except Exception:
+            log.exception("mutation failed", extra={"fields": {"uid": req.uid}})
+            self.metrics.failed.labels(reason="internal").inc()
+            return 200, review(
+                req.uid,
+                warnings=["jitckpt: internal error while injecting; pod admitted unchanged"],
+            )
+        return self._answer(req, result)
+
+    async def _namespace(self, name: str) -> NamespaceInfo | None:
+        if self.namespaces is None:
+            return NamespaceInfo(
+                name=name, labels={INJECTION_LABEL: INJECTION_ENABLED}, annotations={}
+            )
+        info = self.namespaces.get(name)
+        if info is None and self.namespace_wait_seconds > 0:
+            info = await asyncio.to_thread(
+                self.namespaces.wait_for, name, self.namespace_wait_seconds
+            )
+        return info
+
+    def _answer(self, req: PodRequest, result: MutationResult) -> tuple[int, dict[str, Any]]:
+        fields = {"uid": req.uid, "namespace": req.namespace, "pod": _pod_name(req)}
+        if result.deny:
+            self.metrics.denied.inc()
+            log.info("denied", extra={"fields": {**fields, "reason": result.message}})
+            return 200, review(
+                req.uid,
+                allowed=False,
+                warnings=result.warnings,
+                status_code=403,
+                status_message=result.message,
+            )
+        if result.injected:
+            self.metrics.injected.inc()
+            log.info(
+                "injected",
+                extra={
+                    "fields": {**fields, "operations": len(result.patch), "dry_run": req.dry_run}
+                },
+            )
+            return 200, review(
+                req.uid,
+                patch=result.patch,
+                warnings=result.warnings,
+                audit_annotations=result.audit_annotations,
+            )
+        reason = result.skip_reason or "unknown"
+        warnings = list(result.warnings)
+        if reason not in QUIET_SKIPS and result.message and result.message not in warnings:
+            warnings.insert(0, f"jitckpt: {result.message}")
+        self.metrics.skipped.labels(reason=reason).inc()
+        log.info("skipped", extra={"fields": {**fields, "reason": reason, "msg": result.message}})
+        return 200, review(req.uid, warnings=warnings)
+
+    def _skipped(
+        self, req: PodRequest, reason: str, message: str, *, warn: bool = False
+    ) -> tuple[int, dict[str, Any]]:
+        self.metrics.skipped.labels(reason=reason).inc()
+        log.info(
+            "skipped",
+            extra={"fields": {"uid": req.uid, "namespace": req.namespace, "reason": reason}},
+        )
+        return 200, review(req.uid, warnings=[message] if warn else None)
+
+    def _failed(self, exc: ReviewError) -> tuple[int, dict[str, Any]]:
+        """Known uid: admit unchanged and say why. Unknown: an error review, HTTP 4xx."""
+        self.metrics.failed.labels(reason=exc.reason).inc()
+        log.warning(
+            "malformed admission request",
+            extra={"fields": {"reason": exc.reason, "uid": exc.uid, "detail": exc.message}},
+        )
+        if exc.uid:
+            return 200, review(exc.uid, warnings=[f"jitckpt: {exc.message}; admitted unchanged"])
+        code = 413 if exc.reason == "too-large" else 400
+        return code, review("", allowed=False, status_code=code, status_message=exc.message)
+
+
+def _pod_name(req: PodRequest) -> str:
+    meta = req.pod.get("metadata") or {}
+    name = meta.get("name") or meta.get("generateName") or req.name
+    return name if isinstance(name, str) else ""
+
+
+def create_app(
+    config: WebhookConfig,
+    namespaces: NamespaceCache | None,
+    *,
+    metrics: AdmissionMetrics | None = None,
+    ready: Callable[[], bool] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    namespace_wait_seconds: float = 2.0,
+) -> FastAPI:
+    """The admission app.
+
+    ``namespaces``: the cache the watch feeds (tests fill one directly), or
+    None when there is no Kubernetes API. ``ready``: the readiness check of
+    ``/readyz``; by default the cache has synced (always ready without one).
+    """
+    metrics = metrics or AdmissionMetrics.create()
+    handler = AdmissionHandler(
+        config,
+        namespaces,
+        metrics,
+        max_body_bytes=max_body_bytes,
+        namespace_wait_seconds=namespace_wait_seconds,
+    )
+    if ready is None:
+        cache = namespaces
+        ready = (lambda: cache.synced) if cache is not None else (lambda: True)
+    is_ready = ready
+
+    app = FastAPI(
+        title="jitckpt admission webhook", docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.metrics = metrics
+
+    @app.post("/mutate")
+    async def mutate_pod(request: Request) -> Response:
+        started = time.perf_counter()
+        metrics.requests.inc()
+        try:
+            code, doc = await handler.handle(request)
+        finally:
+            metrics.latency.observe(time.perf_counter() - started)
+        return JSONResponse(doc, status_code=code)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return JSONResponse({"ok": True})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ok = is_ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        content, content_type = metrics.render()
+        return Response(content, media_type=content_type)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error", exc_info=exc, extra={"fields": {"path": request.url.path}})
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
+    return app
