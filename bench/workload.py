@@ -1,0 +1,154 @@
+"""The training run every checkpoint benchmark times: one HF Trainer script for all subjects.
+
+A GPT-2 shaped model built from a config (no download) whose size is set by
+`--hidden-size` and `--layers`, trained on random tokens. `--timeline` makes a
+callback write one JSON line per event (step begin/end, save begin/end) with
+`time.monotonic()`, which is system-wide on Linux, so the benchmark process
+can compare it with the moment it sent SIGTERM.
+
+`--on-sigterm` picks how the script itself reacts to SIGTERM:
+`none` (leave it to the jitckpt shim, when PYTHONPATH carries it), `hf-jit`
+(transformers' `TrainingArguments.enable_jit_checkpoint`), `sync-save` (the
+hand-written way: a flag, then HF's own save at the next step end, then exit).
+
+    python -m bench.workload --output-dir DIR --hidden-size 256 --layers 3 \
+        --max-steps 100000 --on-sigterm sync-save --timeline t.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+ON_SIGTERM = ("none", "hf-jit", "sync-save")
+
+
+def parameters(hidden_size: int, layers: int, vocab_size: int, positions: int) -> int:
+    """Parameter count of the GPT-2 shaped model (tied embeddings, biases, layer norms)."""
+    per_layer = 12 * hidden_size * hidden_size + 13 * hidden_size
+    return vocab_size * hidden_size + positions * hidden_size + layers * per_layer + 2 * hidden_size
+
+
+def shape_for_state_bytes(target_bytes: int, vocab_size: int, positions: int) -> tuple[int, int]:
+    """(hidden_size, layers) whose weights plus AdamW moments (12 bytes/param) near the target."""
+    best = (64, 1)
+    best_error = float("inf")
+    for hidden_size in (128, 256, 384, 512, 768, 1024, 1280):
+        for layers in range(1, 33):
+            state = 12 * parameters(hidden_size, layers, vocab_size, positions)
+            error = abs(state - target_bytes) / target_bytes
+            if error < best_error:
+                best, best_error = (hidden_size, layers), error
+    return best
+
+
+class Timeline:
+    """JSON lines of (event, step, t), flushed each line so a reader sees them live."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._file: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+
+    def write(self, event: str, step: int) -> None:
+        if self._file is not None:
+            self._file.write(
+                json.dumps({"event": event, "step": step, "t": time.monotonic()}) + "\n"
+            )
+
+
+def build_callback(timeline: Timeline, on_sigterm: str) -> Any:
+    from transformers import TrainerCallback
+
+    class BenchCallback(TrainerCallback):
+        """Timestamps steps and saves; for `sync-save`, turns SIGTERM into save-and-stop."""
+
+        def __init__(self) -> None:
+            self.stop_requested = False
+            if on_sigterm == "sync-save":
+                signal.signal(signal.SIGTERM, self._on_sigterm)
+
+        def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+            self.stop_requested = True
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            timeline.write("step_begin", state.global_step + 1)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            timeline.write("step_end", state.global_step)
+            if self.stop_requested:
+                control.should_save = True
+                control.should_training_stop = True
+            if control.should_save:
+                timeline.write("save_begin", state.global_step)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            timeline.write("save_end", state.global_step)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            timeline.write("train_end", state.global_step)
+
+    return BenchCallback()
+
+
+def main() -> int:
+    arguments = argparse.ArgumentParser(description=__doc__)
+    arguments.add_argument("--output-dir", type=Path, required=True)
+    arguments.add_argument("--hidden-size", type=int, default=256)
+    arguments.add_argument("--layers", type=int, default=3)
+    arguments.add_argument("--vocab-size", type=int, default=8192)
+    arguments.add_argument("--seq-len", type=int, default=32)
+    arguments.add_argument("--batch-size", type=int, default=2)
+    arguments.add_argument("--max-steps", type=int, default=100000)
+    arguments.add_argument("--save-steps", type=int, default=0, help="0: no periodic saves")
+    arguments.add_argument("--on-sigterm", choices=ON_SIGTERM, default="none")
+    arguments.add_argument("--timeline", type=Path, default=None)
+    args = arguments.parse_args()
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=args.vocab_size,
+        n_positions=args.seq_len,
+        n_embd=args.hidden_size,
+        n_layer=args.layers,
+        n_head=max(1, args.hidden_size // 64),
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = GPT2LMHeadModel(config)
+    samples = args.max_steps * args.batch_size if args.max_steps < 10000 else 4096
+    tokens = torch.randint(0, args.vocab_size, (samples, args.seq_len))
+    dataset = [{"input_ids": row, "labels": row} for row in tokens]
+    training = TrainingArguments(
+        output_dir=str(args.output_dir),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        enable_jit_checkpoint=args.on_sigterm == "hf-jit",
+        seed=0,
+    )
+    timeline = Timeline(args.timeline)
+    trainer = Trainer(
+        model=model,
+        args=training,
+        train_dataset=dataset,
+        callbacks=[build_callback(timeline, args.on_sigterm)],
+    )
+    trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
