@@ -1,0 +1,91 @@
+"""The machine the pods run on: where their files go, their IPs, images, Secrets.
+
+A ``Node`` plays the part of the kubelet's host: it owns a state directory
+(one subdirectory per pod, one per claim), the Secrets and ConfigMaps the
+pods may reference, the mapping from a container image to the local
+interpreter that stands in for it, and the pod IPs (each pod gets its own
+loopback address, so two pods can both listen on port 8471 as they would on
+two pod IPs).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import random
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from sidecar.podrunner.spec import ObjectStore
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _default_images() -> dict[str, Path]:
+    """Every image runs with this interpreter's environment (its bin dir first on PATH)."""
+    return {"*": Path(sys.executable).parent}
+
+
+def _bindable(ip: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Node:
+    """Host-side state shared by the pods this runner starts."""
+
+    root: Path
+    objects: ObjectStore = field(default_factory=ObjectStore)
+    images: Mapping[str, Path] = field(default_factory=_default_images)
+    image_env: Mapping[str, str] = field(default_factory=dict)
+    stream: IO[str] | None = None
+    _ips: set[str] = field(default_factory=set, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def claims_dir(self) -> Path:
+        return self.root / "claims"
+
+    def claim_path(self, claim: str) -> Path:
+        """The directory that stands for a PersistentVolumeClaim on this node."""
+        path = self.claims_dir / claim
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def pod_dir(self, namespace: str, name: str) -> Path:
+        return self.root / "pods" / f"{namespace}_{name}"
+
+    def base_env(self, image: str) -> dict[str, str]:
+        """What the image's own ENV would give: PATH with the image's interpreter first."""
+        bin_dir = next(
+            (path for pattern, path in self.images.items() if fnmatch.fnmatch(image, pattern)),
+            None,
+        )
+        env = {"PATH": f"{bin_dir}:{SYSTEM_PATH}" if bin_dir else SYSTEM_PATH, "HOME": "/root"}
+        env.update(self.image_env)
+        return env
+
+    def allocate_ip(self, ports: set[int]) -> str:
+        """A loopback address of its own for a pod, with the pod's ports free on it."""
+        with self._lock:
+            candidates = [f"127.0.0.{i}" for i in range(2, 255)]
+            random.shuffle(candidates)
+            for ip in candidates:
+                if ip not in self._ips and all(_bindable(ip, p) for p in ports):
+                    self._ips.add(ip)
+                    return ip
+        raise RuntimeError("no free loopback address for another pod")
+
+    def release_ip(self, ip: str) -> None:
+        with self._lock:
+            self._ips.discard(ip)

@@ -1,0 +1,171 @@
+"""Turn a pod's volumes into host directories and its volumeMounts into bind mounts.
+
+Each pod gets fresh directories for its emptyDirs (``medium: Memory`` ones live
+under ``/dev/shm``, a tmpfs, so they are memory-backed as in a cluster without
+needing a mount of their own); a ``persistentVolumeClaim`` is a directory per
+claim name shared by every pod the same node runs, which is what a
+ReadWriteMany claim is to the pods of one job. Projected, downward-API,
+Secret and ConfigMap volumes are written as files from the local object maps.
+A projected service-account token has no API server to come from and is left
+out, so in-cluster clients in the pod see no credentials, as with
+``automountServiceAccountToken: false``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar.podrunner.spec import ObjectStore, PodContext, SpecError, field_value
+
+SHM_ROOT = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class BindMount:
+    """One bind mount inside a container's mount namespace."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"source": str(self.source), "target": self.target, "readOnly": self.read_only}
+
+
+def _write_items(
+    directory: Path, data: Mapping[str, str], items: list[dict[str, Any]] | None
+) -> None:
+    """Keys of a Secret/ConfigMap as files (all keys, or only ``items`` at their paths)."""
+    chosen = [(i["key"], i.get("path", i["key"])) for i in items] if items else data.items()
+    for key, rel in chosen:
+        if key not in data:
+            raise SpecError(f"key {key!r} is missing for a volume item")
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(data[key])
+
+
+def _object(store: Mapping[str, Mapping[str, str]], name: str, optional: bool) -> Mapping[str, str]:
+    if name in store:
+        return store[name]
+    if optional:
+        return {}
+    raise SpecError(f"object {name!r} for a volume is not on this machine")
+
+
+def _projected(
+    directory: Path, volume: Mapping[str, Any], pod: PodContext, objects: ObjectStore
+) -> None:
+    for source in volume.get("sources") or []:
+        if "downwardAPI" in source:
+            for item in source["downwardAPI"].get("items") or []:
+                target = directory / item["path"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(field_value(item["fieldRef"]["fieldPath"], pod))
+        elif "configMap" in source:
+            ref = source["configMap"]
+            data = _object(objects.config_maps, ref["name"], ref.get("optional", False))
+            _write_items(directory, data, ref.get("items") if data else None)
+        elif "secret" in source:
+            ref = source["secret"]
+            data = _object(objects.secrets, ref["name"], ref.get("optional", False))
+            _write_items(directory, data, ref.get("items") if data else None)
+        # serviceAccountToken: no API server issues one here (see the module docstring).
+
+
+@dataclass
+class PodVolumes:
+    """The host side of every volume of one pod."""
+
+    pod_dir: Path
+    claims_dir: Path
+    shm_dir: Path
+    paths: dict[str, Path]
+
+    @classmethod
+    def create(
+        cls,
+        pod: PodContext,
+        pod_dir: Path,
+        claims_dir: Path,
+        objects: ObjectStore,
+        uid: str,
+    ) -> PodVolumes:
+        volumes = cls(pod_dir, claims_dir, SHM_ROOT / f"podrunner-{uid}", {})
+        for volume in pod.spec.get("volumes") or []:
+            volumes.paths[volume["name"]] = volumes._materialize(volume, pod, objects)
+        return volumes
+
+    def _materialize(
+        self, volume: Mapping[str, Any], pod: PodContext, objects: ObjectStore
+    ) -> Path:
+        name = str(volume["name"])
+        local = self.pod_dir / "volumes" / name
+        if "emptyDir" in volume:
+            memory = (volume["emptyDir"] or {}).get("medium") == "Memory"
+            path = self.shm_dir / name if memory else local
+        elif "persistentVolumeClaim" in volume:
+            path = self.claims_dir / str(volume["persistentVolumeClaim"]["claimName"])
+        elif "hostPath" in volume:
+            path = Path(volume["hostPath"]["path"])
+        elif "projected" in volume:
+            path = local
+            path.mkdir(parents=True, exist_ok=True)
+            _projected(path, volume["projected"], pod, objects)
+        elif "secret" in volume or "configMap" in volume:
+            kind = "secret" if "secret" in volume else "configMap"
+            ref = volume[kind]
+            store = objects.secrets if kind == "secret" else objects.config_maps
+            ref_name = ref.get("secretName") or ref.get("name")
+            path = local
+            path.mkdir(parents=True, exist_ok=True)
+            data = _object(store, str(ref_name), ref.get("optional", False))
+            _write_items(path, data, ref.get("items"))
+        elif "downwardAPI" in volume:
+            path = local
+            _projected(path, {"sources": [volume]}, pod, objects)
+        else:
+            kinds = sorted(set(volume) - {"name"})
+            raise SpecError(f"volume {name!r}: unsupported kind {kinds}")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def mounts_for(self, container: Mapping[str, Any], termination_log: Path) -> list[BindMount]:
+        """The container's volumeMounts plus its termination message file, as bind mounts."""
+        mounts: list[BindMount] = []
+        for mount in container.get("volumeMounts") or []:
+            name = str(mount["name"])
+            if name not in self.paths:
+                raise SpecError(f"volumeMount {name!r} names no volume of the pod")
+            source = self.paths[name]
+            if mount.get("subPath"):
+                source = source / str(mount["subPath"])
+                source.mkdir(parents=True, exist_ok=True)
+            mounts.append(BindMount(source, str(mount["mountPath"]), bool(mount.get("readOnly"))))
+        path = str(container.get("terminationMessagePath") or "/dev/termination-log")
+        termination_log.touch()
+        mounts.append(BindMount(termination_log, path))
+        for bind in mounts:
+            _ensure_mount_point(bind)
+        return mounts
+
+    def remove(self) -> None:
+        """Drop the pod's emptyDirs (claims and host paths stay, as in a cluster)."""
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
+        shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+
+
+def _ensure_mount_point(bind: BindMount) -> None:
+    """A bind mount needs a target of the same kind; create an empty one if it is missing."""
+    target = Path(bind.target)
+    if target.exists():
+        return
+    if bind.source.is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
