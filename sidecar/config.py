@@ -1,0 +1,131 @@
+"""The sidecar's settings, read once from its environment.
+
+The webhook writes these variables into the sidecar container (names in
+``shim/layout.py``); the S3 Secret arrives through ``envFrom`` with the keys of
+an OpenShift AI data connection. The tuning knobs below the layout names are
+sidecar-only: the webhook never sets them, tests and operators may.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from shim import layout
+
+# Sidecar-only tuning (not part of the injected pod spec).
+ENV_PART_SIZE = "JITCKPT_PART_SIZE"  # multipart part size and threshold, bytes
+ENV_CONCURRENCY = "JITCKPT_UPLOAD_CONCURRENCY"  # parts/ranges in flight per store
+ENV_S3_READ_TIMEOUT = "JITCKPT_S3_READ_TIMEOUT"  # seconds before a stalled read is retried
+ENV_S3_MAX_ATTEMPTS = "JITCKPT_S3_MAX_ATTEMPTS"  # per request, botocore and our own loop
+ENV_GRACE_MARGIN = "JITCKPT_GRACE_MARGIN"  # seconds kept free before the SIGKILL
+ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete a torn one
+
+S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_bool(value: str) -> bool:
+    """Annotation-style booleans: "true"/"false" and the usual spellings."""
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+class AgentConfig(BaseModel):
+    """Everything the agent needs; ``from_env`` is the only way production builds it."""
+
+    destination: str
+    job_name: str = ""
+    node_rank: int = Field(default=0, ge=0)
+    nnodes: int = Field(default=1, ge=1)
+    pod_name: str = ""
+    pod_namespace: str = ""
+    pod_ip: str = "0.0.0.0"
+    status_port: int = Field(default=layout.STATUS_PORT, ge=0, le=65535)
+    retention: int = Field(default=0, ge=0)
+    verify_ssl: bool = True
+    verify_access: bool = True
+    resume: bool = True
+    grace_seconds: float = Field(default=300.0, gt=0)
+    grace_margin: float = Field(default=5.0, ge=0)
+    mode: Literal["native", "legacy"] = "native"
+    local_dir: Path = Path(layout.LOCAL_DIR)
+    socket_path: Path = Path(layout.SOCKET_PATH)
+    pvc_mount: Path = Path(layout.PVC_MOUNT)
+    part_size: int = Field(default=16 * 1024 * 1024, ge=S3_MIN_PART)
+    concurrency: int = Field(default=4, ge=1, le=64)
+    s3_read_timeout: float = Field(default=60.0, gt=0)
+    s3_max_attempts: int = Field(default=8, ge=1)
+    torn_min_age: float = Field(default=3600.0, ge=0)
+
+    @field_validator("destination")
+    @classmethod
+    def _destination_set(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError(f"{layout.ENV_DESTINATION} is empty")
+        return value.strip()
+
+    @property
+    def run_dir(self) -> Path:
+        """The run volume: the socket's directory, which also holds the pid files."""
+        return self.socket_path.parent
+
+    @property
+    def pids_dir(self) -> Path:
+        return self.run_dir / layout.PIDS_SUBDIR
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.local_dir / layout.CHECKPOINTS_SUBDIR
+
+    @property
+    def staging_dir(self) -> Path:
+        return self.local_dir / layout.STAGING_SUBDIR
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
+        """Build from environment variables; unset ones take the layout defaults."""
+        source = os.environ if env is None else env
+        names: dict[str, str] = {
+            "destination": layout.ENV_DESTINATION,
+            "job_name": layout.ENV_JOB_NAME,
+            "node_rank": layout.ENV_NODE_RANK,
+            "nnodes": layout.ENV_NNODES,
+            "pod_name": layout.ENV_POD_NAME,
+            "pod_namespace": layout.ENV_POD_NAMESPACE,
+            "pod_ip": layout.ENV_POD_IP,
+            "status_port": layout.ENV_STATUS_PORT,
+            "retention": layout.ENV_RETENTION,
+            "verify_ssl": layout.ENV_VERIFY_SSL,
+            "verify_access": layout.ENV_VERIFY_ACCESS,
+            "resume": layout.ENV_RESUME,
+            "grace_seconds": layout.ENV_GRACE_SECONDS,
+            "grace_margin": ENV_GRACE_MARGIN,
+            "mode": layout.ENV_MODE,
+            "local_dir": layout.ENV_DIR,
+            "socket_path": layout.ENV_SOCKET,
+            "pvc_mount": layout.ENV_PVC_MOUNT,
+            "part_size": ENV_PART_SIZE,
+            "concurrency": ENV_CONCURRENCY,
+            "s3_read_timeout": ENV_S3_READ_TIMEOUT,
+            "s3_max_attempts": ENV_S3_MAX_ATTEMPTS,
+            "torn_min_age": ENV_TORN_MIN_AGE,
+        }
+        booleans = {"verify_ssl", "verify_access", "resume"}
+        values: dict[str, object] = {"destination": source.get(layout.ENV_DESTINATION, "")}
+        for field, env_name in names.items():
+            raw = source.get(env_name)
+            if raw is None or raw == "" or field == "destination":
+                continue
+            values[field] = parse_bool(raw) if field in booleans else raw
+        return cls.model_validate(values)

@@ -1,0 +1,94 @@
+"""The store interface every backend implements, keyed relative to a job root.
+
+The uploader, restore, validity check, retention and ``jitckpt ls`` speak only
+this interface, so the ``pvc://`` backend passes the same tests as S3.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# Awaited before each part of an upload: lets a JIT upload pause periodic ones.
+PartGate = Callable[[], Awaitable[None]]
+
+
+class StoreError(RuntimeError):
+    """The store refused or kept failing; the message says what and where."""
+
+
+class VerificationError(StoreError):
+    """Downloaded bytes do not match the manifest (size or CRC32C)."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object. ``crc32c`` is set only where the store keeps a whole-object one."""
+
+    key: str
+    size: int
+    mtime: float
+    crc32c: str | None = None
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """What one upload took: for metrics and the grace estimate."""
+
+    size: int
+    parts: int
+    retries: int
+
+
+class Store(abc.ABC):
+    """An async checkpoint store rooted at one job root."""
+
+    #: The store reports a whole-object CRC32C for single-part objects (S3 does).
+    keeps_checksums: bool = False
+
+    @property
+    @abc.abstractmethod
+    def uri(self) -> str:
+        """The job root, as the user wrote it."""
+
+    @abc.abstractmethod
+    async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix`` (checksums not filled in)."""
+
+    @abc.abstractmethod
+    async def head(self, key: str) -> ObjectInfo | None:
+        """One object with its checksum where kept, or None when absent."""
+
+    @abc.abstractmethod
+    async def put_file(
+        self, key: str, path: Path, crc32c: str, gate: PartGate | None = None
+    ) -> PutResult:
+        """Upload a local file; ``crc32c`` is the file's own, sent along where supported."""
+
+    @abc.abstractmethod
+    async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:
+        """Download to ``path``; raises VerificationError unless size and CRC32C match."""
+
+    @abc.abstractmethod
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        """A small object (manifests, probes), written whole."""
+
+    @abc.abstractmethod
+    async def get_bytes(self, key: str) -> bytes:
+        """A small object, read whole."""
+
+    @abc.abstractmethod
+    async def delete(self, keys: list[str]) -> None:
+        """Remove objects; absent ones are not an error."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections."""
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

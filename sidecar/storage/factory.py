@@ -1,0 +1,27 @@
+"""Pick the backend for a job root."""
+
+from __future__ import annotations
+
+from sidecar.config import AgentConfig
+from sidecar.storage.base import Store
+from sidecar.storage.pvc import DirectoryStore
+from sidecar.storage.s3 import S3Store
+from sidecar.uri import JobRoot, parse_job_root
+
+
+def open_store(config: AgentConfig, root: JobRoot | None = None) -> Store:
+    """The store of ``config.destination`` (or of ``root`` when given)."""
+    target = root or parse_job_root(config.destination, config.pvc_mount)
+    if target.scheme == "s3":
+        return S3Store(
+            target.bucket,
+            target.prefix,
+            target.uri,
+            part_size=config.part_size,
+            concurrency=config.concurrency,
+            read_timeout=config.s3_read_timeout,
+            max_attempts=config.s3_max_attempts,
+            verify_ssl=config.verify_ssl,
+        )
+    assert target.path is not None
+    return DirectoryStore(target.path, target.uri)

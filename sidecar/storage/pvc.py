@@ -1,0 +1,180 @@
+"""The ``pvc://`` backend: the same layout on a mounted claim (or any directory).
+
+Writes go to a temporary file in the target directory, are fsynced, renamed
+into place and the directory fsynced, so a reader (another node's restore,
+``jitckpt ls``) sees either nothing or the whole file, even after a crash.
+The filesystem keeps no checksum: validity checks sizes here, and every
+restore still verifies the manifest's CRC32C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+import google_crc32c
+
+from sidecar import checksum
+from sidecar.storage.base import ObjectInfo, PartGate, PutResult, Store, VerificationError
+
+TMP_MARK = ".jitckpt-tmp-"  # temporary files carry this; listings skip them
+COPY_CHUNK = 8 * 1024 * 1024
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _makedirs(path: Path) -> None:
+    """Directories other pods' sidecars (maybe other uids) can also write into."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o777)
+            os.chmod(directory, 0o777)
+
+
+def atomic_write(target: Path, source: Path | None, data: bytes | None) -> str:
+    """Write ``source``'s bytes (or ``data``) to ``target`` atomically; return the CRC32C."""
+    _makedirs(target.parent)
+    tmp = target.with_name(f"{TMP_MARK}{target.name}.{uuid.uuid4().hex}")
+    crc = 0
+    try:
+        with tmp.open("wb") as out:
+            if data is not None:
+                out.write(data)
+                crc = google_crc32c.value(data)
+            elif source is not None:
+                with source.open("rb") as src:
+                    while chunk := src.read(COPY_CHUNK):
+                        out.write(chunk)
+                        crc = google_crc32c.extend(crc, chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return checksum.encode(crc)
+
+
+class DirectoryStore(Store):
+    """A job root that is a directory (a ``pvc://`` claim mounted in the sidecar)."""
+
+    keeps_checksums = False
+
+    def __init__(self, root: Path, uri: str) -> None:
+        self.root = root
+        self._uri = uri
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    async def close(self) -> None:
+        """A directory holds no connections."""
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root.resolve()):
+            raise ValueError(f"key {key!r} leaves the job root")
+        return path
+
+    def _list(self, prefix: str) -> list[ObjectInfo]:
+        if not self.root.is_dir():
+            return []
+        found: list[ObjectInfo] = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                if name.startswith(TMP_MARK):
+                    continue
+                full = Path(dirpath) / name
+                key = full.relative_to(self.root).as_posix()
+                if not key.startswith(prefix):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    stat = full.stat()
+                    found.append(ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime))
+        return found
+
+    async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
+        return await asyncio.to_thread(self._list, prefix)
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        try:
+            stat = await asyncio.to_thread(self._path(key).stat)
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime)
+
+    async def put_file(
+        self, key: str, path: Path, crc32c: str, gate: PartGate | None = None
+    ) -> PutResult:
+        if gate is not None:
+            await gate()
+        written = await asyncio.to_thread(atomic_write, self._path(key), path, None)
+        if written != crc32c:
+            raise VerificationError(f"{path} changed while being copied to {key}")
+        return PutResult(size=path.stat().st_size, parts=1, retries=0)
+
+    def _get(self, key: str, path: Path, size: int, crc32c: str) -> None:
+        source = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        crc = 0
+        with source.open("rb") as src, path.open("wb") as out:
+            while chunk := src.read(COPY_CHUNK):
+                out.write(chunk)
+                crc = google_crc32c.extend(crc, chunk)
+            out.flush()
+            os.fsync(out.fileno())
+            written = out.tell()
+        if written != size:
+            raise VerificationError(f"{key}: {written} bytes, manifest says {size}")
+        if checksum.encode(crc) != crc32c:
+            raise VerificationError(f"{key}: CRC32C does not match the manifest")
+
+    async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:
+        try:
+            await asyncio.to_thread(self._get, key, path, size, crc32c)
+        except FileNotFoundError as exc:
+            raise VerificationError(f"{key}: missing") from exc
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(atomic_write, self._path(key), None, data)
+
+    async def get_bytes(self, key: str) -> bytes:
+        return await asyncio.to_thread(self._path(key).read_bytes)
+
+    def _delete(self, keys: list[str]) -> None:
+        parents: set[Path] = set()
+        for key in keys:
+            path = self._path(key)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            parents.add(path.parent)
+        root = self.root.resolve()
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            current = parent
+            while current != root and current.is_relative_to(root):
+                try:
+                    current.rmdir()
+                except OSError:
+                    break
+                current = current.parent
+
+    async def delete(self, keys: list[str]) -> None:
+        await asyncio.to_thread(self._delete, keys)

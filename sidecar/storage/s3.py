@@ -1,0 +1,299 @@
+"""The S3 backend (aiobotocore): multipart with CRC32C, ranged parallel downloads.
+
+Works with AWS S3, MinIO, Ceph RGW and other S3-compatible stores: the
+endpoint comes from ``AWS_S3_ENDPOINT`` (the OpenShift AI data-connection key)
+or ``AWS_ENDPOINT_URL``; a custom endpoint gets path-style addressing, which
+those stores expect. Credentials come from botocore's default chain (the
+Secret's ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, or IRSA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import ClientError
+
+from sidecar import checksum
+from sidecar.storage.base import ObjectInfo, PartGate, PutResult, Store, VerificationError
+from sidecar.storage.retry import RetryPolicy
+
+ENV_ENDPOINTS = ("AWS_S3_ENDPOINT", "AWS_ENDPOINT_URL")
+ENV_REGION = "AWS_DEFAULT_REGION"
+
+
+def endpoint_from_env(env: Mapping[str, str]) -> str | None:
+    for name in ENV_ENDPOINTS:
+        if env.get(name):
+            return env[name]
+    return None
+
+
+class S3Store(Store):
+    """One job root in one bucket; use as an async context manager."""
+
+    keeps_checksums = True
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        uri: str,
+        *,
+        part_size: int,
+        concurrency: int,
+        read_timeout: float,
+        max_attempts: int,
+        verify_ssl: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._bucket = bucket
+        self._prefix = prefix.strip("/")
+        self._uri = uri
+        self.part_size = part_size
+        self._slots = asyncio.Semaphore(concurrency)
+        self.policy = RetryPolicy(attempts=max_attempts)
+        source = os.environ if env is None else env
+        endpoint = endpoint_from_env(source)
+        config = AioConfig(
+            retries={"max_attempts": min(3, max_attempts), "mode": "standard"},
+            read_timeout=read_timeout,
+            connect_timeout=min(10.0, read_timeout),
+            max_pool_connections=concurrency * 2,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": "path"} if endpoint else None,
+        )
+        self._client_cm = get_session().create_client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=source.get(ENV_REGION) or None,
+            verify=verify_ssl,
+            config=config,
+        )
+        self._client: Any = None
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    async def _c(self) -> Any:
+        if self._client is None:
+            self._client = await self._client_cm.__aenter__()
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            self._client = None
+            await self._client_cm.__aexit__(None, None, None)
+
+    def _key(self, key: str) -> str:
+        return f"{self._prefix}/{key}" if self._prefix else key
+
+    def _rel(self, full: str) -> str:
+        return full[len(self._prefix) + 1 :] if self._prefix else full
+
+    async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
+        client = await self._c()
+        full_prefix = self._key(prefix) if prefix else (self._prefix + "/" if self._prefix else "")
+        found: list[ObjectInfo] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": full_prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page: dict[str, Any] = await self.policy.run(
+                f"list {self._uri}/{prefix}", partial(client.list_objects_v2, **kwargs)
+            )
+            for item in page.get("Contents", []):
+                found.append(
+                    ObjectInfo(
+                        key=self._rel(item["Key"]),
+                        size=int(item["Size"]),
+                        mtime=item["LastModified"].timestamp(),
+                    )
+                )
+            if not page.get("IsTruncated"):
+                return found
+            token = page.get("NextContinuationToken")
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        client = await self._c()
+
+        async def call() -> ObjectInfo | None:
+            try:
+                answer = await client.head_object(
+                    Bucket=self._bucket, Key=self._key(key), ChecksumMode="ENABLED"
+                )
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return None
+                raise
+            return ObjectInfo(
+                key=key,
+                size=int(answer["ContentLength"]),
+                mtime=answer["LastModified"].timestamp(),
+                crc32c=answer.get("ChecksumCRC32C"),
+            )
+
+        return await self.policy.run(f"head {self._uri}/{key}", call)
+
+    async def put_file(
+        self, key: str, path: Path, crc32c: str, gate: PartGate | None = None
+    ) -> PutResult:
+        size = path.stat().st_size
+        before = self.policy.retries
+        if size <= self.part_size:
+            if gate is not None:
+                await gate()
+            data = await asyncio.to_thread(path.read_bytes)
+            if len(data) != size:
+                raise VerificationError(f"{path} changed size while being uploaded")
+            await self._put(key, data, crc32c)
+            return PutResult(size=size, parts=1, retries=self.policy.retries - before)
+        parts = await self._multipart(key, path, size, gate)
+        return PutResult(size=size, parts=parts, retries=self.policy.retries - before)
+
+    async def _put(self, key: str, data: bytes, crc32c: str) -> None:
+        client = await self._c()
+        async with self._slots:
+            await self.policy.run(
+                f"put {self._uri}/{key}",
+                lambda: client.put_object(
+                    Bucket=self._bucket,
+                    Key=self._key(key),
+                    Body=data,
+                    ChecksumAlgorithm="CRC32C",
+                    ChecksumCRC32C=crc32c,
+                ),
+            )
+
+    async def _multipart(self, key: str, path: Path, size: int, gate: PartGate | None) -> int:
+        client = await self._c()
+        full = self._key(key)
+        created = await self.policy.run(
+            f"create multipart {self._uri}/{key}",
+            lambda: client.create_multipart_upload(
+                Bucket=self._bucket, Key=full, ChecksumAlgorithm="CRC32C"
+            ),
+        )
+        upload_id = created["UploadId"]
+        count = (size + self.part_size - 1) // self.part_size
+        fd = os.open(path, os.O_RDONLY)
+
+        async def part(number: int) -> dict[str, Any]:
+            if gate is not None:
+                await gate()
+            async with self._slots:
+                offset = (number - 1) * self.part_size
+                length = min(self.part_size, size - offset)
+                data = await asyncio.to_thread(os.pread, fd, length, offset)
+                if len(data) != length:
+                    raise VerificationError(f"{path} shrank while being uploaded")
+                crc = checksum.of_bytes(data)
+                answer = await self.policy.run(
+                    f"upload part {number}/{count} of {self._uri}/{key}",
+                    lambda: client.upload_part(
+                        Bucket=self._bucket,
+                        Key=full,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=data,
+                        ChecksumCRC32C=crc,
+                    ),
+                )
+                return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32C": crc}
+
+        try:
+            done = await asyncio.gather(*(part(n) for n in range(1, count + 1)))
+            await self.policy.run(
+                f"complete multipart {self._uri}/{key}",
+                lambda: client.complete_multipart_upload(
+                    Bucket=self._bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": list(done)},
+                ),
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=full, UploadId=upload_id
+                )
+            raise
+        finally:
+            os.close(fd)
+        return count
+
+    async def _get_range(self, key: str, start: int, length: int) -> bytes:
+        client = await self._c()
+
+        async def call() -> bytes:
+            answer = await client.get_object(
+                Bucket=self._bucket,
+                Key=self._key(key),
+                Range=f"bytes={start}-{start + length - 1}",
+            )
+            async with answer["Body"] as body:
+                data: bytes = await body.read()
+            if len(data) != length:
+                raise VerificationError(
+                    f"range {start}+{length} of {key} came back with {len(data)} bytes"
+                )
+            return data
+
+        async with self._slots:
+            return await self.policy.run(f"get {self._uri}/{key} @{start}", call)
+
+    async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+
+            async def fetch(start: int) -> None:
+                length = min(self.part_size, size - start)
+                data = await self._get_range(key, start, length)
+                await asyncio.to_thread(os.pwrite, fd, data, start)
+
+            await asyncio.gather(*(fetch(s) for s in range(0, size, self.part_size)))
+            await asyncio.to_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
+        actual = await asyncio.to_thread(checksum.of_file, path)
+        if actual != crc32c:
+            raise VerificationError(f"{key}: CRC32C {actual} does not match manifest {crc32c}")
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        await self._put(key, data, checksum.of_bytes(data))
+
+    async def get_bytes(self, key: str) -> bytes:
+        client = await self._c()
+
+        async def call() -> bytes:
+            answer = await client.get_object(Bucket=self._bucket, Key=self._key(key))
+            async with answer["Body"] as body:
+                data: bytes = await body.read()
+            return data
+
+        return await self.policy.run(f"get {self._uri}/{key}", call)
+
+    async def delete(self, keys: list[str]) -> None:
+        client = await self._c()
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+            await self.policy.run(
+                f"delete {len(batch)} objects under {self._uri}",
+                partial(
+                    client.delete_objects,
+                    Bucket=self._bucket,
+                    Delete={"Objects": batch, "Quiet": True},
+                ),
+            )

@@ -1,0 +1,42 @@
+"""Checkpoint directories and commits for the sidecar tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sidecar.commit import CommitResult, commit_node
+from sidecar.storage.base import Store
+
+
+def make_checkpoint(root: Path, step: int, sizes: dict[str, int], seed: int = 0) -> Path:
+    """A checkpoint-like directory with random files of the given sizes."""
+    directory = root / f"src-{step}-{seed}"
+    for name, size in sizes.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(size))
+    return directory
+
+
+async def commit(
+    store: Store,
+    directory: Path,
+    step: int,
+    *,
+    node_rank: int = 0,
+    nnodes: int = 1,
+    kind: str = "periodic",
+) -> CommitResult:
+    files = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    return await commit_node(
+        store,
+        step=step,
+        kind=kind,
+        source=directory,
+        files=files,
+        node_rank=node_rank,
+        nnodes=nnodes,
+        pod="pod-a",
+        job="job-1",
+    )
