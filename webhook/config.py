@@ -1,0 +1,108 @@
+"""The webhook's configuration file (a ConfigMap in the cluster).
+
+Cluster-wide defaults for the settings of ``webhook/settings.py`` sit under
+``defaults:`` (names without the ``jitckpt.io/`` prefix); the other keys say
+how to inject. The file is checked completely when it is loaded, so a typo
+stops the server at start instead of silently changing what pods get.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from webhook import settings
+
+VERSION = version("jitckpt")
+# Pinned: the webhook and the sidecar it injects are released together.
+DEFAULT_SIDECAR_IMAGE = f"ghcr.io/jitckpt/jitckpt-sidecar:{VERSION}"
+DEFAULT_WEBHOOK_NAMESPACE = "jitckpt-system"
+
+
+class ConfigError(ValueError):
+    """The configuration file cannot be used; the message says why and where."""
+
+
+class WebhookConfig(BaseModel):
+    """What the webhook injects, beyond the per-namespace and per-pod settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    defaults: dict[str, str] = Field(default_factory=dict)
+    sidecar_image: str = DEFAULT_SIDECAR_IMAGE
+    sidecar_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # The sidecar's non-root user and group (the image's own user).
+    sidecar_user_id: int = Field(default=65532, ge=1, le=2**31 - 1)
+    webhook_namespace: str = DEFAULT_WEBHOOK_NAMESPACE
+    invalid_setting_policy: Literal["admit", "deny"] = "admit"
+
+    @field_validator("defaults", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        """YAML writes ``600`` and ``false`` unquoted; annotations are strings."""
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, bool):
+                out[key] = "true" if item else "false"
+            elif isinstance(item, int | float):
+                out[key] = str(item)
+            else:
+                out[key] = item
+        return out
+
+    @field_validator("defaults")
+    @classmethod
+    def _known_and_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = []
+        for name, item in value.items():
+            if name not in settings.SETTINGS:
+                known = ", ".join(sorted(settings.SETTINGS))
+                problems.append(f"unknown setting {name!r} in defaults (known: {known})")
+                continue
+            error = settings.validate_value(name, item, "cluster defaults")
+            if error is not None:
+                problems.append(str(error))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("sidecar_image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError("sidecar_image must be an image reference without spaces")
+        return value
+
+
+def load_config(path: Path | None) -> WebhookConfig:
+    """Read the YAML file at ``path``; ``None`` gives the built-in defaults."""
+    if path is None:
+        return WebhookConfig()
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    try:
+        return WebhookConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            message = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{where}: {message}")
+        raise ConfigError(f"{path}: " + "; ".join(lines)) from None

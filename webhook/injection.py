@@ -1,0 +1,328 @@
+"""Build the injected pod from a trainer pod and validated settings (DESIGN section 3).
+
+Pure: it takes a pod and returns a new one plus the status record and the
+warnings; deciding *whether* to inject is ``webhook/mutate.py``'s job. Every
+name and path comes from ``shim/layout.py`` so the sidecar and the shim read
+back exactly what is written here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shim import layout
+from webhook import patch as patches
+from webhook.config import VERSION, WebhookConfig
+from webhook.jobs import TrainerPod
+from webhook.settings import STATUS_KEY, split_destination
+from webhook.status import (
+    AGENT,
+    RESTORE,
+    VOL_LOCAL,
+    VOL_PVC,
+    VOL_RUN,
+    VOL_SHIM,
+    InjectionStatus,
+)
+
+STATUS_PORT_NAME = "jitckpt-status"
+PYTHONPATH = "PYTHONPATH"
+DEFAULT_GRACE = 30  # what Kubernetes uses when the pod says nothing
+# The startupProbe gates the trainer until the restore is done; a large
+# checkpoint may take hours to download, so allow 12 hours.
+PROBE_PERIOD = 2
+PROBE_FAILURES = 12 * 3600 // PROBE_PERIOD
+# /bin/sh only (no cat, no pkill): the trainer image may be minimal.
+PRESTOP_SCRIPT = (
+    f"for f in {layout.RUN_DIR}/{layout.PIDS_SUBDIR}/*.pid; do "
+    '[ -r "$f" ] || continue; read -r pid < "$f" && kill -TERM "$pid" 2>/dev/null; '
+    "done; exit 0"
+)
+
+
+@dataclass(frozen=True)
+class Injected:
+    """The injected pod, its status record and what the user should know."""
+
+    pod: dict[str, Any]
+    status: InjectionStatus
+    warnings: list[str]
+
+
+def job_root(destination: str, namespace: str, job: str) -> str:
+    """``<destination>/<namespace>/<job>``: one namespace-wide destination serves every job."""
+    return f"{destination.rstrip('/')}/{namespace}/{job}"
+
+
+def shutdown_timeout(grace: int) -> int:
+    """torchrun's worker shutdown budget: the grace period minus a margin for its own exit."""
+    margin = min(30, max(5, grace // 10))
+    return max(1, grace - margin)
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+
+def _volumes(values: Mapping[str, str], pvc_claim: str | None) -> list[dict[str, Any]]:
+    local: dict[str, Any] = {}
+    if "local-size-limit" in values:
+        local["sizeLimit"] = values["local-size-limit"]
+    volumes = [
+        {"name": VOL_LOCAL, "emptyDir": local},
+        {"name": VOL_RUN, "emptyDir": {"medium": "Memory"}},
+        {"name": VOL_SHIM, "emptyDir": {}},
+    ]
+    if pvc_claim is not None:
+        volumes.append({"name": VOL_PVC, "persistentVolumeClaim": {"claimName": pvc_claim}})
+    return volumes
+
+
+def _shared_mounts(shim_read_only: bool) -> list[dict[str, Any]]:
+    shim: dict[str, Any] = {"name": VOL_SHIM, "mountPath": layout.SHIM_ROOT}
+    if shim_read_only:
+        shim["readOnly"] = True
+    return [
+        {"name": VOL_LOCAL, "mountPath": layout.LOCAL_DIR},
+        {"name": VOL_RUN, "mountPath": layout.RUN_DIR},
+        shim,
+    ]
+
+
+def _security_context(user_id: int) -> dict[str, Any]:
+    """Pod Security "restricted", plus a read-only root file system."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": user_id,
+        "runAsGroup": user_id,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every sidecar container of one injection shares."""
+
+    values: Mapping[str, str]
+    config: WebhookConfig
+    trainer: TrainerPod
+    root: str
+    grace: int
+    secret: str | None
+    pvc: bool
+
+    def env(self) -> list[dict[str, Any]]:
+        values, trainer = self.values, self.trainer
+        env = [
+            _env(layout.ENV_MODE, values["sidecar-mode"]),
+            _env(layout.ENV_DESTINATION, self.root),
+            _env(layout.ENV_JOB_NAME, trainer.job_name),
+        ]
+        if trainer.node_rank is not None:
+            env.append({"name": layout.ENV_NODE_RANK, **copy.deepcopy(trainer.node_rank)})
+        if trainer.nnodes is not None:
+            env.append({"name": layout.ENV_NNODES, **copy.deepcopy(trainer.nnodes)})
+        env += [
+            _field_env(layout.ENV_POD_NAME, "metadata.name"),
+            _field_env(layout.ENV_POD_NAMESPACE, "metadata.namespace"),
+            _field_env(layout.ENV_POD_IP, "status.podIP"),
+            _env(layout.ENV_STATUS_PORT, str(layout.STATUS_PORT)),
+            _env(layout.ENV_DIR, layout.LOCAL_DIR),
+            _env(layout.ENV_SOCKET, layout.SOCKET_PATH),
+            _env(layout.ENV_GRACE_SECONDS, str(self.grace)),
+            _env(layout.ENV_RETENTION, values["s3-retention"]),
+            _env(layout.ENV_VERIFY_SSL, values["verify-ssl"]),
+            _env(layout.ENV_VERIFY_ACCESS, values["verify-access"]),
+            _env(layout.ENV_RESUME, values["resume"]),
+        ]
+        if self.pvc:
+            env.append(_env(layout.ENV_PVC_MOUNT, layout.PVC_MOUNT))
+        return env
+
+    def container(self, name: str, command: list[str]) -> dict[str, Any]:
+        """One sidecar container; the Secret and the claim reach no other container."""
+        mounts = _shared_mounts(shim_read_only=False)
+        if self.pvc:
+            mounts.append({"name": VOL_PVC, "mountPath": layout.PVC_MOUNT})
+        quantities = {"cpu": self.values["sidecar-cpu"], "memory": self.values["sidecar-memory"]}
+        container: dict[str, Any] = {
+            "name": name,
+            "image": self.config.sidecar_image,
+            "imagePullPolicy": self.config.sidecar_image_pull_policy,
+            "command": command,
+            "env": self.env(),
+        }
+        if self.secret is not None:
+            container["envFrom"] = [{"secretRef": {"name": self.secret}}]
+        container.update(
+            {
+                # requests == limits keeps a Guaranteed trainer pod Guaranteed
+                "resources": {"requests": dict(quantities), "limits": dict(quantities)},
+                "securityContext": _security_context(self.config.sidecar_user_id),
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "volumeMounts": mounts,
+            }
+        )
+        return container
+
+
+def _status_port() -> list[dict[str, Any]]:
+    return [{"name": STATUS_PORT_NAME, "containerPort": layout.STATUS_PORT, "protocol": "TCP"}]
+
+
+def _startup_probe() -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/readyz", "port": layout.STATUS_PORT, "scheme": "HTTP"},
+        "periodSeconds": PROBE_PERIOD,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": PROBE_FAILURES,
+    }
+
+
+def _trainer_env(
+    container: dict[str, Any], values: Mapping[str, str], grace: int, warnings: list[str]
+) -> tuple[list[str], list[str]]:
+    """Add the trainer's env in place; returns (names added, names edited in place)."""
+    name = container["name"]
+    env = container.setdefault("env", [])
+    existing = {e.get("name"): e for e in env if isinstance(e, dict)}
+    added: list[str] = []
+    prepended: list[str] = []
+    python_path = existing.get(PYTHONPATH)
+    if python_path is None:
+        env.append(_env(PYTHONPATH, layout.SHIM_DIR))
+        added.append(PYTHONPATH)
+    elif "valueFrom" in python_path:
+        warnings.append(
+            f"container {name!r} takes PYTHONPATH from valueFrom, which cannot be extended: "
+            "the checkpoint shim will not load in it"
+        )
+    else:
+        current = str(python_path.get("value", ""))
+        if layout.SHIM_DIR not in current.split(":"):
+            python_path["value"] = f"{layout.SHIM_DIR}:{current}" if current else layout.SHIM_DIR
+            prepended.append(PYTHONPATH)
+    wanted = [
+        (layout.ENV_DIR, layout.LOCAL_DIR),
+        (layout.ENV_SOCKET, layout.SOCKET_PATH),
+        (layout.ENV_GRACE_SECONDS, str(grace)),
+        (layout.ENV_JIT, values["jit"]),
+        (layout.ENV_TORCH_SHUTDOWN, str(shutdown_timeout(grace))),
+    ]
+    for setting, env_name in (
+        ("save-strategy", layout.ENV_SAVE_STRATEGY),
+        ("save-steps", layout.ENV_SAVE_STEPS),
+        ("save-total-limit", layout.ENV_SAVE_TOTAL_LIMIT),
+    ):
+        if setting in values:
+            wanted.append((env_name, values[setting]))
+    for env_name, value in wanted:
+        if env_name in existing:
+            warnings.append(f"kept container {name!r}'s own {env_name}")
+            continue
+        env.append(_env(env_name, value))
+        added.append(env_name)
+    return added, prepended
+
+
+def _prestop(container: dict[str, Any], warnings: list[str]) -> bool:
+    """Add the hook that SIGTERMs the registered processes; False when one exists."""
+    lifecycle = container.setdefault("lifecycle", {})
+    if "preStop" in lifecycle:
+        warnings.append(
+            f"kept container {container['name']!r}'s own preStop hook: training processes "
+            "behind a shell PID 1 get SIGTERM only if that hook or the shell forwards it"
+        )
+        return False
+    lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", PRESTOP_SCRIPT]}}
+    return True
+
+
+def build(
+    pod: dict[str, Any],
+    trainer: TrainerPod,
+    *,
+    values: Mapping[str, str],
+    sources: Mapping[str, str],
+    namespace: str,
+    config: WebhookConfig,
+) -> Injected:
+    """The injected pod for validated ``values`` (destination set); ``pod`` is not touched."""
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    warnings = list(trainer.notes)
+    mode = values["sidecar-mode"]
+    scheme, claim, _ = split_destination(values["destination"])
+    pvc_claim = claim if scheme == "pvc" else None
+    secret = values.get("s3-secret")
+    if secret is not None and pvc_claim is not None:
+        warnings.append(f"s3-secret {secret!r} is not given to the sidecar of a pvc:// destination")
+        secret = None
+    root = job_root(values["destination"], namespace, trainer.job_name)
+
+    before = spec.get("terminationGracePeriodSeconds")
+    wanted_grace = int(values["grace-period-seconds"])
+    grace = max(wanted_grace, before) if isinstance(before, int) else wanted_grace
+    status = InjectionStatus(
+        version=VERSION,
+        mode=mode,
+        jobKind=trainer.kind,
+        jobName=trainer.job_name,
+        destination=root,
+        config={**values, "sidecar-image": config.sidecar_image},
+        configSources={k: v for k, v in sources.items() if k in values},
+    )
+    if grace != before:
+        spec["terminationGracePeriodSeconds"] = grace
+        status.gracePeriod = {"from": before if isinstance(before, int) else None, "to": grace}
+
+    volumes = _volumes(values, pvc_claim)
+    spec.setdefault("volumes", []).extend(volumes)
+    status.volumes = [v["name"] for v in volumes]
+
+    trainer_container = spec["containers"][trainer.container_index]
+    trainer_container.setdefault("volumeMounts", []).extend(_shared_mounts(shim_read_only=True))
+    added, prepended = _trainer_env(trainer_container, values, grace, warnings)
+    status.env = {trainer_container["name"]: added}
+    if prepended:
+        status.prependedEnv = {trainer_container["name"]: prepended}
+    if _prestop(trainer_container, warnings):
+        status.preStop = [trainer_container["name"]]
+    elif not trainer_container["lifecycle"]:
+        trainer_container.pop("lifecycle")
+
+    plan = _Plan(values, config, trainer, root, grace, secret, pvc_claim is not None)
+    init = spec.setdefault("initContainers", [])
+    if mode == "native":
+        agent = plan.container(AGENT, ["jitckpt", "agent"])
+        agent["restartPolicy"] = "Always"
+        agent["ports"] = _status_port()
+        agent["startupProbe"] = _startup_probe()
+        # First: it restores while, e.g., a worker's init container waits for the master.
+        init.insert(0, agent)
+        status.initContainers = [AGENT]
+    else:
+        restore = plan.container(RESTORE, ["jitckpt", "agent", "--phase", "restore"])
+        run = plan.container(AGENT, ["jitckpt", "agent", "--phase", "run"])
+        run["ports"] = _status_port()
+        init.insert(0, restore)
+        spec["containers"].append(run)
+        status.initContainers = [RESTORE]
+        status.containers = [AGENT]
+
+    status.patchSha256 = patches.digest(patches.diff(pod, out))
+    metadata = out.setdefault("metadata", {})
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), STATUS_KEY: status.to_json()}
+    return Injected(out, status, warnings)

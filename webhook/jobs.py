@@ -1,0 +1,147 @@
+"""Which pods are Kubeflow trainer pods, and what the sidecar must copy from them.
+
+Facts from the controllers (DESIGN section 3 and 11): a PyTorchJob
+(training-operator v1) labels every replica pod with the job name and runs
+the trainer in the container ``pytorch``; a TrainJob (trainer v2, via JobSet)
+runs it in the container ``node`` of the replicated job ``node`` only, never
+in the dataset/model initializers. Controllers set the node rank and node
+count only on their own container, so the sidecar gets a copy of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PYTORCHJOB = "PyTorchJob"
+TRAINJOB = "TrainJob"
+
+PT_JOB_NAME = "training.kubeflow.org/job-name"
+PT_OPERATOR_NAME = "training.kubeflow.org/operator-name"
+PT_OPERATOR = "pytorchjob-controller"
+PT_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+PT_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+PT_CONTAINER = "pytorch"
+
+JS_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JS_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+TJ_TRAINER_REPLICATED_JOB = "node"
+TJ_CONTAINER = "node"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+# Where each kind keeps the node rank and node count; first match wins.
+_RANK_ENV = {PYTORCHJOB: ("PET_NODE_RANK", "RANK"), TRAINJOB: ("PET_NODE_RANK",)}
+_NNODES_ENV = {PYTORCHJOB: ("PET_NNODES", "WORLD_SIZE"), TRAINJOB: ("PET_NNODES",)}
+
+EnvSource = dict[str, Any]  # an env entry without its name: {"value": ...} or {"valueFrom": ...}
+
+
+@dataclass(frozen=True)
+class TrainerPod:
+    """A pod that gets the sidecar: its job and the trainer container."""
+
+    kind: str
+    job_name: str
+    container_index: int
+    node_rank: EnvSource | None
+    nnodes: EnvSource | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def container_name(self) -> str:
+        return PT_CONTAINER if self.kind == PYTORCHJOB else TJ_CONTAINER
+
+
+@dataclass(frozen=True)
+class NotTrainer:
+    """Why a pod is not a trainer pod, in one sentence."""
+
+    message: str
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _container_index(pod: dict[str, Any], name: str) -> int | None:
+    containers = pod.get("spec", {}).get("containers")
+    if not isinstance(containers, list):
+        return None
+    for i, container in enumerate(containers):
+        if isinstance(container, dict) and container.get("name") == name:
+            return i
+    return None
+
+
+def _copy_env(container: dict[str, Any], names: tuple[str, ...]) -> EnvSource | None:
+    """The first of ``names`` the container sets, as a literal or the same valueFrom."""
+    env = container.get("env")
+    entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
+    by_name = {e.get("name"): e for e in entries}
+    for name in names:
+        entry = by_name.get(name)
+        if entry is None:
+            continue
+        if "valueFrom" in entry:
+            return {"valueFrom": entry["valueFrom"]}
+        value = entry.get("value")
+        if isinstance(value, str) and value.isdigit():
+            return {"value": value}
+    return None
+
+
+def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
+    """Classify ``pod``: a PyTorchJob or TrainJob trainer, or not a trainer (and why)."""
+    metadata = pod.get("metadata")
+    spec = pod.get("spec")
+    if not isinstance(metadata, dict) or not isinstance(spec, dict):
+        return NotTrainer("the pod has no metadata or spec")
+    labels = _str_map(metadata.get("labels"))
+    annotations = _str_map(metadata.get("annotations"))
+
+    if PT_JOB_NAME in labels:
+        operator = labels.get(PT_OPERATOR_NAME, PT_OPERATOR)
+        if operator != PT_OPERATOR:
+            return NotTrainer(f"a Kubeflow job pod of {operator}, not of a PyTorchJob")
+        kind, job, container = PYTORCHJOB, labels[PT_JOB_NAME], PT_CONTAINER
+    elif JS_JOBSET_NAME in labels or JS_JOBSET_NAME in annotations:
+        job = labels.get(JS_JOBSET_NAME) or annotations[JS_JOBSET_NAME]
+        replicated = labels.get(JS_REPLICATED_JOB) or annotations.get(JS_REPLICATED_JOB, "")
+        if replicated != TJ_TRAINER_REPLICATED_JOB:
+            return NotTrainer(
+                f"a TrainJob {replicated or 'unnamed'} pod, not the trainer (replicated job "
+                f"{TJ_TRAINER_REPLICATED_JOB!r})"
+            )
+        kind, container = TRAINJOB, TJ_CONTAINER
+    else:
+        return NotTrainer("not a Kubeflow PyTorchJob or TrainJob pod (no job-name label)")
+
+    index = _container_index(pod, container)
+    if index is None:
+        return NotTrainer(f"a {kind} pod without the trainer container {container!r}")
+    trainer = spec["containers"][index]
+    notes: list[str] = []
+    rank = _copy_env(trainer, _RANK_ENV[kind])
+    if rank is None and kind == TRAINJOB and COMPLETION_INDEX in annotations:
+        rank = _field_ref(f"metadata.annotations['{COMPLETION_INDEX}']")
+    if rank is None and kind == PYTORCHJOB and labels.get(PT_REPLICA_TYPE) == "master":
+        rank = {"value": "0"}  # the training operator gives the master node rank 0
+    if rank is None:
+        notes.append(
+            f"container {container!r} sets no node rank ({' or '.join(_RANK_ENV[kind])}); "
+            "the sidecar cannot tell which node it runs on"
+        )
+    nnodes = _copy_env(trainer, _NNODES_ENV[kind])
+    if nnodes is None:
+        notes.append(
+            f"container {container!r} sets no integer node count "
+            f"({' or '.join(_NNODES_ENV[kind])}); the sidecar cannot tell how many nodes "
+            "commit a checkpoint"
+        )
+    return TrainerPod(kind, job, index, rank, nnodes, notes)
+
+
+def _field_ref(path: str) -> EnvSource:
+    return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}

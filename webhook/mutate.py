@@ -1,0 +1,207 @@
+"""The mutation core: one pure function shared by the admission server and the CLI.
+
+``mutate`` decides whether a pod gets the checkpoint sidecar, and if so builds
+the injected pod and the RFC 6902 patch by diff. It does no I/O: the caller
+supplies the namespace's labels and annotations and the configuration. Every
+pod that is not injected comes back unchanged with a reason (a metric label)
+and one sentence saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook import jobs, settings
+from webhook import patch as patches
+from webhook.config import VERSION, WebhookConfig
+from webhook.injection import build
+from webhook.status import OUR_CONTAINERS, OUR_VOLUMES, looks_injected
+
+SYSTEM_NAMESPACES = ("kube-system",)
+
+SKIP_NOT_TRAINER = "not-trainer"
+SKIP_OPTED_OUT = "opted-out"
+SKIP_NO_DESTINATION = "no-destination"
+SKIP_HOST_NETWORK = "host-network"
+SKIP_SYSTEM_NAMESPACE = "system-namespace"
+SKIP_NOT_OPTED_IN = "not-opted-in"
+SKIP_INVALID_SETTING = "invalid-setting"
+SKIP_ALREADY_INJECTED = "already-injected"
+SKIP_REASONS = (
+    SKIP_NOT_TRAINER,
+    SKIP_OPTED_OUT,
+    SKIP_NO_DESTINATION,
+    SKIP_HOST_NETWORK,
+    SKIP_SYSTEM_NAMESPACE,
+    SKIP_NOT_OPTED_IN,
+    SKIP_INVALID_SETTING,
+    SKIP_ALREADY_INJECTED,
+)
+
+
+@dataclass(frozen=True)
+class NamespaceInfo:
+    """What the mutation needs to know about the pod's namespace."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MutationResult:
+    pod: dict[str, Any]  # the pod after mutation (the input, unchanged, when not injected)
+    patch: list[dict[str, Any]]  # RFC 6902 operations; [] when unchanged
+    injected: bool
+    skip_reason: str | None  # metric label when not injected (one of SKIP_REASONS)
+    message: str  # one human sentence: why skipped / what was injected
+    warnings: list[str]  # for AdmissionResponse.warnings and CLI stderr
+    audit_annotations: dict[str, str]
+    deny: bool  # invalid setting and config says deny
+
+
+def _skip(
+    pod: dict[str, Any],
+    reason: str,
+    message: str,
+    warnings: list[str] | None = None,
+    deny: bool = False,
+) -> MutationResult:
+    return MutationResult(pod, [], False, reason, message, warnings or [], {}, deny)
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _strings(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
+
+
+def pod_label(pod: dict[str, Any]) -> str:
+    """``namespace/name`` (or the generateName prefix with ``*``) for messages."""
+    metadata = _as_dict(pod.get("metadata"))
+    name = metadata.get("name") or f"{metadata.get('generateName') or ''}*"
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{name}" if namespace else str(name)
+
+
+def _name_clash(pod: dict[str, Any]) -> str | None:
+    spec = pod["spec"]
+    for volume in spec.get("volumes") or []:
+        if isinstance(volume, dict) and volume.get("name") in OUR_VOLUMES:
+            return f"volume {volume['name']!r}"
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict) and container.get("name") in OUR_CONTAINERS:
+                return f"container {container['name']!r}"
+    return None
+
+
+def mutate(
+    pod: dict[str, Any],
+    namespace: NamespaceInfo,
+    config: WebhookConfig,
+    *,
+    require_opt_in: bool = True,
+) -> MutationResult:
+    """Inject the checkpoint sidecar into a Kubeflow trainer pod, or say why not."""
+    if namespace.name in SYSTEM_NAMESPACES or namespace.name == config.webhook_namespace:
+        return _skip(pod, SKIP_SYSTEM_NAMESPACE, f"namespace {namespace.name} is never injected")
+    if looks_injected(pod):
+        return _skip(
+            pod,
+            SKIP_ALREADY_INJECTED,
+            "already injected (jitckpt.io/status or a jitckpt container present); unchanged",
+        )
+    trainer = jobs.detect(pod)
+    if isinstance(trainer, jobs.NotTrainer):
+        return _skip(pod, SKIP_NOT_TRAINER, trainer.message)
+
+    metadata = pod["metadata"]
+    labels = _strings(metadata.get("labels"))
+    annotations = _strings(metadata.get("annotations"))
+    errors: list[settings.SettingError] = []
+    for source, found in (("pod label", labels), ("pod annotation", annotations)):
+        if settings.INJECT_KEY in found:
+            error = settings.validate_opt_out(found[settings.INJECT_KEY], source)
+            if error is not None:
+                errors.append(error)
+            elif found[settings.INJECT_KEY] == "false":
+                return _skip(pod, SKIP_OPTED_OUT, f"opted out by {settings.INJECT_KEY}=false")
+
+    if require_opt_in and namespace.labels.get(settings.INJECTION_LABEL) != "enabled":
+        return _skip(
+            pod,
+            SKIP_NOT_OPTED_IN,
+            f"namespace {namespace.name} lacks the label {settings.INJECTION_LABEL}=enabled",
+        )
+    if pod["spec"].get("hostNetwork") is True:
+        return _skip(pod, SKIP_HOST_NETWORK, "hostNetwork pods are not injected")
+
+    resolution = settings.resolve(
+        config.defaults, _strings(dict(namespace.annotations)), annotations
+    )
+    errors += resolution.errors
+    if errors:
+        deny = config.invalid_setting_policy == "deny"
+        text = "; ".join(str(e) for e in errors)
+        return _skip(
+            pod,
+            SKIP_INVALID_SETTING,
+            f"not injected: {text}",
+            warnings=resolution.warnings + [str(e) for e in errors],
+            deny=deny,
+        )
+    if "destination" not in resolution.values:
+        return _skip(
+            pod,
+            SKIP_NO_DESTINATION,
+            f"no {settings.PREFIX}destination on the pod, its namespace or the cluster "
+            "defaults: nothing to checkpoint to",
+            warnings=resolution.warnings,
+        )
+    clash = _name_clash(pod)
+    if clash is not None:
+        return _skip(
+            pod,
+            SKIP_ALREADY_INJECTED,
+            f"the pod already has a {clash} named like jitckpt's own; not injected",
+        )
+
+    injected = build(
+        pod,
+        trainer,
+        values=resolution.values,
+        sources=resolution.sources,
+        namespace=namespace.name,
+        config=config,
+    )
+    status = injected.status
+    secret = status.config.get("s3-secret")
+    audit = {
+        "injected": f"jitckpt {VERSION}",
+        "destination": status.destination,
+        "patch-sha256": status.patchSha256,
+    }
+    if secret is not None:
+        audit["s3-secret"] = secret
+    added = status.initContainers + status.containers
+    message = (
+        f"injected {', '.join(added)} ({status.mode}) into {trainer.kind} {trainer.job_name}: "
+        f"checkpoints to {status.destination}"
+    )
+    return MutationResult(
+        pod=injected.pod,
+        patch=patches.diff(pod, injected.pod),
+        injected=True,
+        skip_reason=None,
+        message=message,
+        warnings=resolution.warnings + injected.warnings,
+        audit_annotations=audit,
+        deny=False,
+    )

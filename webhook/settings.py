@@ -1,0 +1,338 @@
+"""Every ``jitckpt.io/*`` setting a user can write: key, default, validation rule.
+
+This module is the one answer to "what can a user set?". The webhook, the
+offline injector, the audit and the config loader all read it, so a new
+setting is added here once. A value is checked against its rule before
+anything is injected: an invalid value never yields a half-injected pod.
+
+Precedence (lowest first): built-in default < cluster default (the config
+file's ``defaults:``) < namespace annotation < pod annotation.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+
+PREFIX = "jitckpt.io/"
+INJECTION_LABEL = PREFIX + "injection"  # namespace label; "enabled" opts the namespace in
+INJECTION_ENABLED = "enabled"
+INJECT_KEY = PREFIX + "inject"  # pod label or annotation; "false" opts one job out
+STATUS_KEY = PREFIX + "status"  # written by the webhook: what it injected
+
+# Sources of a resolved value, lowest precedence first.
+SOURCE_BUILTIN = "builtin"
+SOURCE_CLUSTER = "cluster"
+SOURCE_NAMESPACE = "namespace"
+SOURCE_POD = "pod"
+
+Check = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One annotation: its name without the prefix, default and rule."""
+
+    name: str
+    default: str | None  # None: unset unless a user sets it
+    rule: str  # the rule in words, quoted in every error
+    check: Check
+    help: str
+
+    @property
+    def key(self) -> str:
+        return PREFIX + self.name
+
+
+@dataclass(frozen=True)
+class SettingError:
+    """A value that breaks its setting's rule (or a key no setting has)."""
+
+    key: str
+    value: str
+    rule: str
+    source: str
+
+    def __str__(self) -> str:
+        return f'{self.key}="{self.value}" (from {self.source}) is invalid: {self.rule}'
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Settings after precedence: values (set ones only), where each came from, errors."""
+
+    values: dict[str, str]
+    sources: dict[str, str]
+    errors: list[SettingError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# --- value rules -----------------------------------------------------------
+
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_PATH_SEGMENT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
+# Kubernetes resource.Quantity: a signed decimal number and an optional suffix.
+_QUANTITY = re.compile(
+    r"^(?P<number>[+-]?(\d+(\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+BOOLEANS = ("true", "false")
+SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
+SIDECAR_MODES = ("native", "legacy")
+INT32_MAX = 2**31 - 1
+
+
+def is_dns1123_subdomain(value: str) -> bool:
+    """Names of Secrets and PersistentVolumeClaims."""
+    return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.match(value))
+
+
+def is_bucket_name(value: str) -> bool:
+    """S3 general-purpose bucket naming rules (the ones a typo can break)."""
+    if not _BUCKET.match(value) or ".." in value or ".-" in value or "-." in value:
+        return False
+    if value.startswith(("xn--", "sthree-")) or value.endswith(("-s3alias", "--ol-s3")):
+        return False
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        return True
+    return False
+
+
+def is_relative_path(value: str) -> bool:
+    """A key prefix or sub-path: relative, no empty, '.' or '..' segment, no control bytes."""
+    if value == "":
+        return True
+    if value.startswith("/"):
+        return False
+    segments = value.rstrip("/").split("/")
+    return all(
+        seg not in ("", ".", "..") and not _PATH_SEGMENT_FORBIDDEN.search(seg) for seg in segments
+    )
+
+
+def split_destination(value: str) -> tuple[str, str, str]:
+    """``scheme://name/path`` -> (scheme, bucket or claim, path as written)."""
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        return "", "", ""
+    name, _, path = rest.partition("/")
+    return scheme, name, path
+
+
+def is_destination(value: str) -> bool:
+    scheme, name, path = split_destination(value)
+    if scheme == "s3":
+        return is_bucket_name(name) and is_relative_path(path)
+    if scheme == "pvc":
+        return is_dns1123_subdomain(name) and is_relative_path(path)
+    return False
+
+
+def parse_quantity(value: str) -> Decimal | None:
+    """The numeric value of a Kubernetes quantity, or None if it is not one."""
+    match = _QUANTITY.match(value)
+    if not match:
+        return None
+    try:
+        number = Decimal(match.group("number"))
+    except InvalidOperation:
+        return None
+    suffix = match.group("suffix") or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return number.scaleb(_DECIMAL[suffix])
+    return number.scaleb(int(suffix[1:]))
+
+
+def is_positive_quantity(value: str) -> bool:
+    quantity = parse_quantity(value)
+    return quantity is not None and quantity > 0
+
+
+def _int_range(low: int, high: int) -> Check:
+    def check(value: str) -> bool:
+        if not re.fullmatch(r"[0-9]+", value):
+            return False
+        return low <= int(value) <= high
+
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    return lambda value: value in choices
+
+
+# --- the table of DESIGN section 2 ------------------------------------------
+
+_SETTINGS = (
+    Setting(
+        "destination",
+        None,
+        "must be s3://<bucket>[/<prefix>] with a valid S3 bucket name (3-63 lowercase "
+        "letters, digits, dots, hyphens; starts and ends with a letter or digit; not an IP "
+        "address) or pvc://<claim>[/<path>] with a DNS-1123 claim name; the prefix or path "
+        "must be relative with no empty, '.' or '..' segment",
+        is_destination,
+        "where checkpoints go; the job root is <destination>/<namespace>/<job>",
+    ),
+    Setting(
+        "s3-secret",
+        None,
+        "must be a Secret name (DNS-1123 subdomain, at most 253 characters)",
+        is_dns1123_subdomain,
+        "Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_S3_ENDPOINT, "
+        "AWS_DEFAULT_REGION; given to the sidecar only",
+    ),
+    Setting(
+        "grace-period-seconds",
+        "300",
+        "must be an integer from 10 to 86400",
+        _int_range(10, 86400),
+        "pod terminationGracePeriodSeconds (never lowers a larger value)",
+    ),
+    Setting(
+        "save-strategy",
+        None,
+        "must be one of " + ", ".join(SAVE_STRATEGIES),
+        _one_of(SAVE_STRATEGIES),
+        "HF TrainingArguments.save_strategy",
+    ),
+    Setting(
+        "save-steps",
+        None,
+        f"must be an integer from 1 to {INT32_MAX}",
+        _int_range(1, INT32_MAX),
+        "HF TrainingArguments.save_steps",
+    ),
+    Setting(
+        "save-total-limit",
+        None,
+        "must be an integer from 1 to 100000",
+        _int_range(1, 100000),
+        "HF TrainingArguments.save_total_limit",
+    ),
+    Setting("jit", "true", "must be true or false", _one_of(BOOLEANS), "save on SIGTERM"),
+    Setting(
+        "s3-retention",
+        "0",
+        "must be an integer from 0 to 100000 (0 keeps all)",
+        _int_range(0, 100000),
+        "keep the newest N valid checkpoints in the store",
+    ),
+    Setting("verify-ssl", "true", "must be true or false", _one_of(BOOLEANS), "TLS checks"),
+    Setting(
+        "verify-access",
+        "true",
+        "must be true or false",
+        _one_of(BOOLEANS),
+        "probe the destination before training starts",
+    ),
+    Setting(
+        "local-size-limit",
+        None,
+        "must be a positive Kubernetes quantity (like 100Gi)",
+        is_positive_quantity,
+        "sizeLimit of the local staging emptyDir",
+    ),
+    Setting(
+        "sidecar-cpu",
+        "250m",
+        "must be a positive Kubernetes quantity (like 250m or 1)",
+        is_positive_quantity,
+        "sidecar CPU request and limit",
+    ),
+    Setting(
+        "sidecar-memory",
+        "512Mi",
+        "must be a positive Kubernetes quantity (like 512Mi)",
+        is_positive_quantity,
+        "sidecar memory request and limit",
+    ),
+    Setting(
+        "resume",
+        "true",
+        "must be true or false",
+        _one_of(BOOLEANS),
+        "false starts fresh even when checkpoints exist",
+    ),
+    Setting(
+        "sidecar-mode",
+        "native",
+        "must be one of " + ", ".join(SIDECAR_MODES),
+        _one_of(SIDECAR_MODES),
+        "native sidecar (Kubernetes 1.29+) or legacy init container + container",
+    ),
+)
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in _SETTINGS}
+# jitckpt.io/* keys that are not settings but are known.
+RESERVED_KEYS = (INJECT_KEY, STATUS_KEY, INJECTION_LABEL)
+
+
+def validate_value(name: str, value: str, source: str) -> SettingError | None:
+    """The error for ``value`` of setting ``name``, or None when it is valid."""
+    setting = SETTINGS.get(name)
+    if setting is None:
+        return SettingError(PREFIX + name, value, "no such setting", source)
+    if setting.check(value):
+        return None
+    return SettingError(setting.key, value, setting.rule, source)
+
+
+def _from_annotations(annotations: Mapping[str, str], source: str, out: Resolution) -> None:
+    for key, value in annotations.items():
+        if not isinstance(key, str) or not key.startswith(PREFIX) or key in RESERVED_KEYS:
+            continue
+        name = key[len(PREFIX) :]
+        if name not in SETTINGS:
+            out.warnings.append(f"unknown annotation {key} (from {source}) is ignored")
+            continue
+        text = value if isinstance(value, str) else str(value)
+        error = validate_value(name, text, source)
+        if error is not None:
+            out.errors.append(error)
+            continue
+        out.values[name] = text
+        out.sources[name] = source
+
+
+def resolve(
+    cluster_defaults: Mapping[str, str],
+    namespace_annotations: Mapping[str, str],
+    pod_annotations: Mapping[str, str],
+) -> Resolution:
+    """Apply precedence and validate every value that takes part."""
+    out = Resolution(values={}, sources={})
+    for setting in _SETTINGS:
+        if setting.default is not None:
+            out.values[setting.name] = setting.default
+            out.sources[setting.name] = SOURCE_BUILTIN
+    for name, value in cluster_defaults.items():
+        error = validate_value(name, value, "cluster defaults")
+        if error is not None:
+            out.errors.append(error)
+            continue
+        out.values[name] = value
+        out.sources[name] = SOURCE_CLUSTER
+    _from_annotations(namespace_annotations, SOURCE_NAMESPACE + " annotation", out)
+    _from_annotations(pod_annotations, SOURCE_POD + " annotation", out)
+    for name, source in out.sources.items():
+        out.sources[name] = source.removesuffix(" annotation")
+    return out
+
+
+def validate_opt_out(value: str, source: str) -> SettingError | None:
+    """``jitckpt.io/inject`` accepts only the two booleans."""
+    if value in BOOLEANS:
+        return None
+    return SettingError(INJECT_KEY, value, "must be true or false", source)

@@ -1,0 +1,135 @@
+"""The ``jitckpt.io/status`` annotation: what one injection added, and how to take it out.
+
+The webhook records every name it added (containers, volumes, env), the grace
+period it changed, the configuration it used and the digest of its patch.
+With that record an injected pod can be turned back into the pod that was
+admitted (``strip``), which is how the injection is re-derived: to stay
+idempotent, and for ``jitckpt audit`` to tell drift from a clean injection.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shim import layout
+from webhook.settings import STATUS_KEY
+
+AGENT = "jitckpt-agent"  # the sidecar (native) or the legacy run container
+RESTORE = "jitckpt-restore"  # the legacy restore init container
+VOL_LOCAL = "jitckpt-local"
+VOL_RUN = "jitckpt-run"
+VOL_SHIM = "jitckpt-shim"
+VOL_PVC = "jitckpt-pvc"
+OUR_CONTAINERS = (AGENT, RESTORE)
+OUR_VOLUMES = (VOL_LOCAL, VOL_RUN, VOL_SHIM, VOL_PVC)
+
+
+@dataclass
+class InjectionStatus:
+    """The JSON of the status annotation (camelCase keys when serialised)."""
+
+    version: str
+    mode: str
+    jobKind: str
+    jobName: str
+    destination: str  # the job root
+    initContainers: list[str] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    env: dict[str, list[str]] = field(default_factory=dict)  # container -> names added
+    prependedEnv: dict[str, list[str]] = field(default_factory=dict)  # names edited in place
+    preStop: list[str] = field(default_factory=list)  # containers whose hook was added
+    gracePeriod: dict[str, int | None] = field(default_factory=dict)  # {"from", "to"}
+    config: dict[str, str] = field(default_factory=dict)  # settings used + sidecar-image
+    configSources: dict[str, str] = field(default_factory=dict)
+    patchSha256: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> InjectionStatus:
+        """Parse the annotation; ValueError when it is not a status this version wrote."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{STATUS_KEY} is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{STATUS_KEY} is not a JSON object")
+        known = set(cls.__dataclass_fields__)
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise ValueError(f"{STATUS_KEY} lacks fields: {exc}") from None
+
+
+def read_status(pod: dict[str, Any]) -> InjectionStatus | None:
+    """The pod's status record, None when it has none; ValueError when unreadable."""
+    annotations = pod.get("metadata", {}).get("annotations") or {}
+    text = annotations.get(STATUS_KEY)
+    if text is None:
+        return None
+    return InjectionStatus.from_json(text)
+
+
+def looks_injected(pod: dict[str, Any]) -> bool:
+    """A status annotation or any container named like ours."""
+    metadata = pod.get("metadata") or {}
+    if STATUS_KEY in (metadata.get("annotations") or {}):
+        return True
+    spec = pod.get("spec") or {}
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, dict) and container.get("name") in OUR_CONTAINERS:
+                return True
+    return False
+
+
+def _drop_named(holder: dict[str, Any], key: str, names: list[str]) -> None:
+    items = holder.get(key)
+    if not isinstance(items, list):
+        return
+    kept = [i for i in items if not (isinstance(i, dict) and i.get("name") in names)]
+    if kept:
+        holder[key] = kept
+    else:
+        holder.pop(key, None)
+
+
+def strip(pod: dict[str, Any], status: InjectionStatus) -> dict[str, Any]:
+    """The pod as it was before the injection ``status`` describes."""
+    original = copy.deepcopy(pod)
+    spec = original.setdefault("spec", {})
+    _drop_named(spec, "initContainers", status.initContainers)
+    _drop_named(spec, "containers", status.containers)
+    _drop_named(spec, "volumes", status.volumes)
+    for container in spec.get("containers") or []:
+        name = container.get("name")
+        _drop_named(container, "volumeMounts", status.volumes)
+        _drop_named(container, "env", status.env.get(name, []))
+        for entry in container.get("env") or []:
+            if entry.get("name") in status.prependedEnv.get(name, []):
+                value = str(entry.get("value", ""))
+                entry["value"] = value.removeprefix(layout.SHIM_DIR + ":")
+        if name in status.preStop:
+            lifecycle = container.get("lifecycle") or {}
+            lifecycle.pop("preStop", None)
+            if not lifecycle:
+                container.pop("lifecycle", None)
+    before = status.gracePeriod.get("from")
+    if "to" in status.gracePeriod:
+        if before is None:
+            spec.pop("terminationGracePeriodSeconds", None)
+        else:
+            spec["terminationGracePeriodSeconds"] = before
+    metadata = original.setdefault("metadata", {})
+    annotations = metadata.get("annotations") or {}
+    annotations.pop(STATUS_KEY, None)
+    if annotations:
+        metadata["annotations"] = annotations
+    else:
+        metadata.pop("annotations", None)
+    return original
