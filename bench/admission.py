@@ -31,7 +31,7 @@ NAME = "admission"
 FIXTURES = REPO_ROOT / "tests" / "webhook" / "testdata" / "fixtures"
 POD_FIXTURE = FIXTURES / "pytorchjob-master.yaml"
 NAMESPACE_FIXTURE = FIXTURES / "namespace-team-a.yaml"
-HOST = "localhost"
+HOST = "127.0.0.1"
 JITCKPT = "jitckpt"
 FLOOR = "fastapi echo (floor)"
 
@@ -115,6 +115,9 @@ def server_argv(subject: str, cert_dir: Path, config: Path, port: int) -> list[s
             str(port),
             "--config",
             str(config),
+            "--host",
+            HOST,
+            "--no-kube-api",
         ]
     return [
         sys.executable,
@@ -124,6 +127,8 @@ def server_argv(subject: str, cert_dir: Path, config: Path, port: int) -> list[s
         str(cert_dir),
         "--port",
         str(port),
+        "--host",
+        HOST,
     ]
 
 
@@ -179,7 +184,7 @@ def run(options: BenchOptions) -> list[Case]:
                 ).start(),
                 f"https://{HOST}:{port}/mutate",
             )
-            wait_for_port("127.0.0.1", port)
+            wait_for_port(HOST, port)
         try:
             for rep in range(settings.reps):
                 order = subjects if rep % 2 == 0 else subjects[::-1]

@@ -1,0 +1,131 @@
+"""One upload or download by an in-process S3 client, timed from inside its own process.
+
+Runs as a child of `bench.transfer` so that every client starts cold and its
+CPU time is its own. Prints one JSON object: seconds and CPU seconds of the
+transfer itself (interpreter start and imports excluded), bytes moved, and the
+part size and concurrency the client used.
+
+Clients: `jitckpt` (the sidecar's storage layer through `open_store`, with the
+settings a default sidecar gets, CRC32C computed first as the uploader does,
+downloads verified as a restore does) and `boto3` (TransferManager defaults).
+
+    python -m bench.transfer_worker --client jitckpt --direction upload \
+        --local PATH --bucket B --prefix P
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """One transfer: a local file or directory and the S3 prefix that mirrors it."""
+
+    direction: str  # "upload" or "download"
+    local: Path  # upload: the source; download: the source it was uploaded from
+    target: Path  # download: where to write; unused for upload
+    bucket: str
+    prefix: str
+
+    def files(self) -> list[tuple[str, Path]]:
+        """(key relative to the prefix, local source file), a single file keyed by its name."""
+        if self.local.is_file():
+            return [(self.local.name, self.local)]
+        return sorted(
+            (str(path.relative_to(self.local)), path)
+            for path in self.local.rglob("*")
+            if path.is_file()
+        )
+
+
+async def _jitckpt(job: Job) -> dict[str, Any]:
+    from sidecar import checksum
+    from sidecar.config import AgentConfig
+    from sidecar.storage.factory import open_store
+
+    config = AgentConfig.from_env(
+        {"JITCKPT_DESTINATION": f"s3://{job.bucket}/{job.prefix}", "JITCKPT_VERIFY_ACCESS": "0"}
+    )
+    files = job.files()
+    expected = {}
+    if job.direction == "download":
+        # A restore knows sizes and checksums from the manifest before it starts.
+        expected = {key: (path.stat().st_size, checksum.of_file(path)) for key, path in files}
+    store = open_store(config)
+    async with store:
+        started, cpu = time.perf_counter(), time.process_time()
+        if job.direction == "upload":
+
+            async def put(key: str, path: Path) -> None:
+                crc = await asyncio.to_thread(checksum.of_file, path)
+                await store.put_file(key, path, crc)
+
+            await asyncio.gather(*(put(key, path) for key, path in files))
+        else:
+            await asyncio.gather(
+                *(store.get_file(key, job.target / key, *expected[key]) for key, _ in files)
+            )
+        elapsed, cpu_used = time.perf_counter() - started, time.process_time() - cpu
+    return {
+        "seconds": elapsed,
+        "cpu_seconds": cpu_used,
+        "params": {"part_size": config.part_size, "concurrency": config.concurrency},
+    }
+
+
+def _boto3(job: Job) -> dict[str, Any]:
+    import os
+
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_S3_ENDPOINT"])
+    config = TransferConfig()
+    files = job.files()
+    started, cpu = time.perf_counter(), time.process_time()
+    for key, path in files:
+        full = f"{job.prefix}/{key}"
+        if job.direction == "upload":
+            client.upload_file(str(path), job.bucket, full, Config=config)
+        else:
+            destination = job.target / key
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(job.bucket, full, str(destination), Config=config)
+    elapsed, cpu_used = time.perf_counter() - started, time.process_time() - cpu
+    return {
+        "seconds": elapsed,
+        "cpu_seconds": cpu_used,
+        "params": {
+            "part_size": config.multipart_chunksize,
+            "multipart_threshold": config.multipart_threshold,
+            "concurrency": config.max_concurrency,
+            "files": "one after another (TransferManager per-file concurrency)",
+        },
+    }
+
+
+def main() -> int:
+    arguments = argparse.ArgumentParser(description=__doc__)
+    arguments.add_argument("--client", choices=("jitckpt", "boto3"), required=True)
+    arguments.add_argument("--direction", choices=("upload", "download"), required=True)
+    arguments.add_argument("--local", type=Path, required=True)
+    arguments.add_argument("--target", type=Path, default=Path("."))
+    arguments.add_argument("--bucket", required=True)
+    arguments.add_argument("--prefix", required=True)
+    args = arguments.parse_args()
+    job = Job(args.direction, args.local, args.target, args.bucket, args.prefix)
+    report = asyncio.run(_jitckpt(job)) if args.client == "jitckpt" else _boto3(job)
+    report["bytes"] = sum(path.stat().st_size for _, path in job.files())
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
