@@ -150,11 +150,13 @@ def load(url: str, ca: Path, payload: Path, concurrency: int, requests: int) -> 
             "--requests",
             str(requests),
         ],
-        check=True,
+        check=False,
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
     )
+    if completed.returncode != 0:
+        raise RuntimeError(f"load generator failed against {url}: {completed.stderr[-2000:]}")
     latencies: list[float] = json.loads(completed.stdout)["latencies"]
     return latencies
 

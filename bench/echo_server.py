@@ -13,10 +13,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+# At module level: FastAPI resolves the handler's (string) annotations in these globals.
+from fastapi import FastAPI, Request
 
-def build_app() -> Any:
-    from fastapi import FastAPI, Request
 
+def build_app() -> FastAPI:
     app = FastAPI()
 
     @app.post("/mutate")
