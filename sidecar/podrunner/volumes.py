@@ -6,9 +6,9 @@ needing a mount of their own); a ``persistentVolumeClaim`` is a directory per
 claim name shared by every pod the same node runs, which is what a
 ReadWriteMany claim is to the pods of one job. Projected, downward-API,
 Secret and ConfigMap volumes are written as files from the local object maps.
-A projected service-account token has no API server to come from and is left
-out, so in-cluster clients in the pod see no credentials, as with
-``automountServiceAccountToken: false``.
+A projected service-account token and the cluster's ``kube-root-ca.crt`` have
+no API server to come from and are left out, so in-cluster clients in the pod
+see no credentials, as with ``automountServiceAccountToken: false``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 from sidecar.podrunner.spec import ObjectStore, PodContext, SpecError, field_value
 
 SHM_ROOT = Path("/dev/shm")
+ROOT_CA_CONFIG_MAP = "kube-root-ca.crt"  # in every namespace of a cluster, with its CA
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ def _projected(
                 target.write_text(field_value(item["fieldRef"]["fieldPath"], pod))
         elif "configMap" in source:
             ref = source["configMap"]
+            if ref["name"] == ROOT_CA_CONFIG_MAP and ref["name"] not in objects.config_maps:
+                continue  # published by the API server, which is absent here
             data = _object(objects.config_maps, ref["name"], ref.get("optional", False))
             _write_items(directory, data, ref.get("items") if data else None)
         elif "secret" in source:

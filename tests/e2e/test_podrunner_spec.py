@@ -1,0 +1,162 @@
+"""The runner resolves the webhook's real output as a kubelet would.
+
+The pods here are the shared fixtures passed through ``mutate()``: the env
+the sidecar and the trainer get (fieldRefs, the Secret via envFrom, literals
+copied from the trainer) and the bind mounts at the spec's exact paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shim import layout
+from sidecar.podrunner.spec import (
+    ObjectStore,
+    PodContext,
+    SpecError,
+    container_argv,
+    container_env,
+    expand,
+)
+from sidecar.podrunner.volumes import PodVolumes
+from webhook.config import WebhookConfig
+from webhook.mutate import NamespaceInfo, mutate
+
+FIXTURES = Path(__file__).parents[1] / "webhook" / "testdata" / "fixtures"
+SECRET = {
+    "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+    "AWS_S3_ENDPOINT": "http://127.0.0.1:9000",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((FIXTURES / name).read_text())
+    return data
+
+
+def injected(pod_file: str, ns_file: str, **annotations: str) -> dict[str, Any]:
+    ns = load(ns_file)["metadata"]
+    info = NamespaceInfo(
+        ns["name"], ns.get("labels", {}), {**ns.get("annotations", {}), **annotations}
+    )
+    result = mutate(load(pod_file), info, WebhookConfig())
+    assert result.injected, result.message
+    return result.pod
+
+
+def by_name(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = pod["spec"]
+    for container in (spec.get("initContainers") or []) + spec["containers"]:
+        if container["name"] == name:
+            return container
+    raise KeyError(name)
+
+
+def context(pod: dict[str, Any], ip: str = "127.0.0.9") -> PodContext:
+    metadata = dict(pod["metadata"])
+    metadata.setdefault("name", metadata.get("generateName", "") + "abcde")
+    return PodContext(metadata=metadata, spec=pod["spec"], pod_ip=ip)
+
+
+def test_trainjob_sidecar_env_resolves_rank_from_the_completion_index() -> None:
+    pod = injected("trainjob-node.yaml", "namespace-team-b.yaml")
+    objects = ObjectStore(secrets={"team-b-s3": SECRET})
+    env = container_env(by_name(pod, "jitckpt-agent"), context(pod), objects)
+    assert env[layout.ENV_NODE_RANK] == "1"  # metadata.annotations['...completion-index']
+    assert env[layout.ENV_NNODES] == "2"
+    assert env[layout.ENV_POD_IP] == "127.0.0.9"
+    assert env[layout.ENV_POD_NAME] == "llama-sft-node-0-1-abcde"
+    assert env[layout.ENV_POD_NAMESPACE] == "team-b"
+    assert env[layout.ENV_DESTINATION] == "s3://ml-checkpoints/team-b/team-b/llama-sft"
+    assert {k: env[k] for k in SECRET} == SECRET  # envFrom the Secret
+    assert container_argv(by_name(pod, "jitckpt-agent"), env) == ["jitckpt", "agent"]
+
+    trainer = container_env(by_name(pod, "node"), context(pod), objects)
+    assert trainer["PET_NODE_RANK"] == "1"
+    assert trainer["PYTHONPATH"] == layout.SHIM_DIR
+    assert trainer[layout.ENV_DIR] == layout.LOCAL_DIR
+    assert not set(SECRET) & set(trainer)  # credentials reach only the sidecar
+
+
+def test_pytorchjob_sidecar_gets_literal_rank_and_a_missing_secret_is_an_error() -> None:
+    pod = injected("pytorchjob-worker.yaml", "namespace-team-a.yaml")
+    agent = by_name(pod, "jitckpt-agent")
+    env = container_env(agent, context(pod), ObjectStore(secrets={"team-a-s3": SECRET}))
+    assert (env[layout.ENV_NODE_RANK], env[layout.ENV_NNODES]) == ("2", "3")
+    with pytest.raises(SpecError, match="team-a-s3"):
+        container_env(agent, context(pod), ObjectStore())
+
+
+def test_legacy_mode_runs_restore_then_a_regular_agent() -> None:
+    pod = injected(
+        "pytorchjob-master.yaml", "namespace-team-a.yaml", **{"jitckpt.io/sidecar-mode": "legacy"}
+    )
+    env: dict[str, str] = {}
+    init = [container_argv(c, env) for c in pod["spec"]["initContainers"]]
+    main = [container_argv(c, env) for c in pod["spec"]["containers"]]
+    assert ["jitckpt", "agent", "--phase", "restore"] in init
+    assert ["jitckpt", "agent", "--phase", "run"] in main
+    assert all("restartPolicy" not in c for c in pod["spec"]["initContainers"])
+
+
+def test_volume_mounts_land_at_the_spec_paths(tmp_path: Path) -> None:
+    pod = injected(
+        "pytorchjob-master.yaml",
+        "namespace-team-a.yaml",
+        **{"jitckpt.io/destination": "pvc://ckpt-claim/runs"},
+    )
+    ctx = context(pod)
+    volumes = PodVolumes.create(ctx, tmp_path / "pod", tmp_path / "claims", ObjectStore(), "u1")
+    try:
+        agent = {
+            m.target: m for m in volumes.mounts_for(by_name(pod, "jitckpt-agent"), tmp_path / "t1")
+        }
+        trainer = {
+            m.target: m for m in volumes.mounts_for(by_name(pod, "pytorch"), tmp_path / "t2")
+        }
+        for path in (layout.LOCAL_DIR, layout.RUN_DIR, layout.SHIM_ROOT):
+            assert agent[path].source == trainer[path].source
+        assert agent[layout.PVC_MOUNT].source == tmp_path / "claims" / "ckpt-claim"
+        assert layout.PVC_MOUNT not in trainer  # the claim reaches only the sidecar
+        assert trainer[layout.SHIM_ROOT].read_only and not agent[layout.SHIM_ROOT].read_only
+        assert str(agent[layout.RUN_DIR].source).startswith("/dev/shm/")  # medium: Memory
+        assert agent["/dev/termination-log"].source == tmp_path / "t1"
+        # the projected service-account volume carries the namespace, no token
+        sa = trainer["/var/run/secrets/kubernetes.io/serviceaccount"].source
+        assert (sa / "namespace").read_text() == "team-a"
+        assert not (sa / "token").exists()
+    finally:
+        volumes.remove()
+
+
+def test_expansion_follows_kubernetes_rules() -> None:
+    env = {"A": "1", "B": "two"}
+    assert expand("$(A)-$(B)-$(C)", env) == "1-two-$(C)"
+    assert expand("$$(A) $$ $", env) == "$(A) $ $"
+
+
+def test_envfrom_prefix_optional_and_invalid_names() -> None:
+    container = {
+        "name": "c",
+        "envFrom": [
+            {"secretRef": {"name": "s"}, "prefix": "P_"},
+            {"configMapRef": {"name": "absent", "optional": True}},
+        ],
+        "env": [
+            {"name": "X", "value": "$(P_K)!"},
+            {
+                "name": "Y",
+                "valueFrom": {"secretKeyRef": {"name": "s", "key": "no", "optional": True}},
+            },
+            {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+        ],
+    }
+    ctx = PodContext(metadata={"name": "p", "labels": {"app": "a"}}, spec={}, pod_ip="127.0.0.3")
+    env = container_env(container, ctx, ObjectStore(secrets={"s": {"K": "v", "not valid": "x"}}))
+    assert env == {"P_K": "v", "X": "v!", "L": "a"}
