@@ -1,0 +1,101 @@
+"""The grace-period clock and the "is the grace period long enough?" estimate.
+
+The clock starts at the first SIGTERM anyone saw (the shim's ``sigterm``
+message or the sidecar's own signal). The estimate uses what this pod
+measured: how long the JIT save took (SIGTERM to ``staged``) and how fast
+uploads went, applied to the size of the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class GraceClock:
+    grace_seconds: float
+    margin: float
+    sigterm_at: float | None = None  # monotonic
+    save_seconds: float | None = None  # SIGTERM -> JIT staged, measured
+    upload_bytes_per_second: float | None = None
+    last_checkpoint_bytes: int = 0
+    jit_upload_seconds: float | None = None  # measured, once the JIT one is committed
+
+    def start(self, now: float | None = None) -> None:
+        if self.sigterm_at is None:
+            self.sigterm_at = time.monotonic() if now is None else now
+
+    @property
+    def started(self) -> bool:
+        return self.sigterm_at is not None
+
+    def remaining(self, now: float | None = None) -> float | None:
+        """Seconds until the point where the sidecar must stop working, or None before SIGTERM."""
+        if self.sigterm_at is None:
+            return None
+        current = time.monotonic() if now is None else now
+        return self.sigterm_at + self.grace_seconds - self.margin - current
+
+    def saved(self, now: float | None = None) -> None:
+        """A JIT checkpoint was staged: the save took this long."""
+        if self.sigterm_at is not None and self.save_seconds is None:
+            current = time.monotonic() if now is None else now
+            self.save_seconds = max(0.0, current - self.sigterm_at)
+
+    def uploaded(self, size: int, seconds: float, jit: bool) -> None:
+        if seconds > 0 and size > 0:
+            self.upload_bytes_per_second = size / seconds
+        self.last_checkpoint_bytes = size
+        if jit:
+            self.jit_upload_seconds = seconds
+
+    def needed(self) -> float | None:
+        """Estimated SIGTERM-to-committed seconds, or None before anything was measured."""
+        if self.jit_upload_seconds is not None:
+            upload = self.jit_upload_seconds
+        elif self.upload_bytes_per_second and self.last_checkpoint_bytes:
+            upload = self.last_checkpoint_bytes / self.upload_bytes_per_second
+        else:
+            return None
+        return (self.save_seconds or 0.0) + upload
+
+    def short_by(self) -> float | None:
+        """How many seconds the grace period lacks (positive), or None when it is enough."""
+        needed = self.needed()
+        if needed is None:
+            return None
+        lack = needed + self.margin - self.grace_seconds
+        return lack if lack > 0 else None
+
+    def report(self) -> dict[str, object]:
+        needed = self.needed()
+        short = self.short_by()
+        doc: dict[str, object] = {
+            "grace_seconds": self.grace_seconds,
+            "margin_seconds": self.margin,
+            "save_seconds": _round(self.save_seconds),
+            "upload_seconds": _round(self.jit_upload_seconds),
+            "needed_seconds": _round(needed),
+            "short_by_seconds": _round(short),
+            "message": self.message(),
+        }
+        return doc
+
+    def message(self) -> str:
+        short = self.short_by()
+        needed = self.needed()
+        if short is None or needed is None:
+            return ""
+        save = f"save {self.save_seconds:.1f} s + " if self.save_seconds is not None else ""
+        return (
+            f"grace period {self.grace_seconds:.0f} s is too short for the measured checkpoint: "
+            f"{save}upload {needed - (self.save_seconds or 0.0):.1f} s + margin "
+            f"{self.margin:.0f} s; raise jitckpt.io/grace-period-seconds by at least "
+            f"{math.ceil(short)} s"
+        )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

@@ -1,0 +1,78 @@
+"""What the sidecar knows of itself: source of `/status`, metrics and the termination message."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from sidecar.config import AgentConfig
+from sidecar.grace import GraceClock
+
+PHASES = ("starting", "restoring", "ready", "stopping", "stopped", "failed")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Committed:
+    step: int
+    kind: str
+    uri: str
+    time: str
+    size: int
+    seconds: float
+
+
+@dataclass
+class ClientInfo:
+    pid: int
+    rank: int | None = None
+    node_rank: int | None = None
+    framework: str = ""
+    said_bye: bool = False
+    exit_code: int | None = None
+
+
+@dataclass
+class AgentState:
+    config: AgentConfig
+    grace: GraceClock
+    phase: str = "starting"
+    restored: dict[str, object] | None = None
+    restore_skipped: list[dict[str, object]] = field(default_factory=list)
+    last_committed: Committed | None = None
+    committed: list[Committed] = field(default_factory=list)
+    progress: dict[str, object] | None = None
+    clients: dict[int, ClientInfo] = field(default_factory=dict)
+    seen_trainer: bool = False
+    last_error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    queue_view: Callable[[], list[dict[str, object]]] = field(default=lambda: [])
+
+    def document(self) -> dict[str, object]:
+        """The ``/status`` and ``status``-op document."""
+        cfg = self.config
+        remaining = self.grace.remaining()
+        return {
+            "phase": self.phase,
+            "destination": cfg.destination,
+            "job": cfg.job_name,
+            "pod": cfg.pod_name,
+            "node_rank": cfg.node_rank,
+            "nnodes": cfg.nnodes,
+            "restored": self.restored,
+            "restore_skipped": self.restore_skipped,
+            "last_committed": asdict(self.last_committed) if self.last_committed else None,
+            "committed_count": len(self.committed),
+            "queue": self.queue_view(),
+            "progress": self.progress,
+            "clients": [asdict(c) for c in self.clients.values()],
+            "sigterm": self.grace.started,
+            "seconds_to_deadline": None if remaining is None else round(remaining, 1),
+            "grace": self.grace.report(),
+            "last_error": self.last_error,
+        }
