@@ -1,0 +1,55 @@
+"""What the shim does when a Python process starts with ``JITCKPT_DIR`` set.
+
+Only cheap, standard-library work happens here (a pid file, a few post-import
+hooks); everything that needs torch or transformers waits until the user's
+program imports them.
+"""
+
+from __future__ import annotations
+
+from . import config as shim_config
+from . import launcher, pids
+from .hooks import when_imported
+from .log import failed
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from .config import ShimConfig
+
+HF_TRAINER_MODULE = "transformers.trainer"
+TORCH_DISTRIBUTED_MODULE = "torch.distributed"
+
+
+def _on_hf_trainer(config: ShimConfig) -> None:
+    def hook(module: ModuleType) -> None:
+        from . import hf
+
+        hf.install(module, config)
+
+    when_imported(HF_TRAINER_MODULE, hook)
+
+
+def _on_torch_distributed(config: ShimConfig) -> None:
+    def hook(module: ModuleType) -> None:
+        from . import watcher
+
+        watcher.start(config)
+
+    when_imported(TORCH_DISTRIBUTED_MODULE, hook)
+
+
+def activate() -> None:
+    """Set the shim up in this process; never raises."""
+    try:
+        config = shim_config.from_env()
+        if config is None:
+            return
+        if not pids.is_multiprocessing_child():
+            pids.register(config.pids_dir)
+        launcher.install(config)
+        _on_hf_trainer(config)
+        _on_torch_distributed(config)
+    except Exception as exc:
+        failed("jitckpt shim activation", exc)

@@ -1,0 +1,42 @@
+"""Finding ``checkpoint-<step>`` directories in a local directory."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Tuple
+
+from .layout import CHECKPOINT_PREFIX
+
+# HF's Trainer writes this file after the weights, optimizer and RNG states.
+HF_STATE_FILE = "trainer_state.json"
+
+
+def step_of(name: str) -> Optional[int]:
+    """The step of a ``checkpoint-<step>`` name, or None for anything else."""
+    if not name.startswith(CHECKPOINT_PREFIX):
+        return None
+    digits = name[len(CHECKPOINT_PREFIX) :]
+    return int(digits) if digits.isdigit() else None
+
+
+def list_checkpoints(directory: str) -> List[Tuple[int, str]]:
+    """``(step, path)`` of every checkpoint directory, oldest first; [] when missing."""
+    found: List[Tuple[int, str]] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return found
+    for entry in entries:
+        step = step_of(entry.name)
+        if step is not None and entry.is_dir():
+            found.append((step, entry.path))
+    found.sort()
+    return found
+
+
+def newest_hf_checkpoint(directory: str) -> Optional[Tuple[int, str]]:
+    """The newest checkpoint HF finished writing (its trainer state is there)."""
+    for step, path in reversed(list_checkpoints(directory)):
+        if os.path.isfile(os.path.join(path, HF_STATE_FILE)):
+            return step, path
+    return None

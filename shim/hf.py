@@ -1,0 +1,320 @@
+"""The HF ``transformers.Trainer`` integration (every subclass: TRL's SFTTrainer, DPO, ...).
+
+Installed by a post-import hook on ``transformers.trainer``. It patches three
+methods of the base ``Trainer`` class, so subclasses get them through
+``super()``:
+
+- ``__init__``: apply the periodic settings, say hello to the sidecar, add
+  ``JitCallback``, install the SIGTERM flag handler;
+- ``_get_output_dir``: checkpoints go to ``$JITCKPT_DIR/checkpoints`` while the
+  user's own ``save_model()`` still writes to their ``output_dir``;
+- ``train``: resume from the restored (or newest local) checkpoint when the
+  user passed none, the same step on every rank.
+
+The save itself is HF's own ``_save_checkpoint``, asked for through
+``control.should_save``; transformers' ``enable_jit_checkpoint`` is not used
+(it saves without rank agreement and lets ``train()`` return).
+Everything is feature-detected: a transformers without what is needed here
+gets no integration and one message, and trains as if the shim were absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable, List, Optional
+
+from . import dist, pids, watcher
+from .checkpoints import newest_hf_checkpoint
+from .config import ShimConfig
+from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE
+from .log import failed, say, say_once
+from .protocol import KIND_FINAL, KIND_JIT, KIND_PERIODIC, OP_STAGED
+from .session import STAGED_TIMEOUT, ProcessSession
+from .session import get as get_session
+from .signals import FLAG
+from .staging import stage
+
+# What this integration cannot do without; anything else is optional.
+REQUIRED_TRAINER = ("__init__", "train", "add_callback")
+REQUIRED_CALLBACK = ("on_step_end", "on_save")
+ATTRIBUTE = "_jitckpt"
+
+
+def missing_features(module: ModuleType) -> List[str]:
+    """What this ``transformers.trainer`` lacks for the integration ([] when all is there)."""
+    trainer = getattr(module, "Trainer", None)
+    callback = getattr(module, "TrainerCallback", None)
+    missing = []
+    if trainer is None:
+        missing.append("Trainer")
+    else:
+        missing += ["Trainer.%s" % name for name in REQUIRED_TRAINER if not hasattr(trainer, name)]
+    if callback is None:
+        missing.append("TrainerCallback")
+    else:
+        missing += [
+            "TrainerCallback.%s" % name for name in REQUIRED_CALLBACK if not hasattr(callback, name)
+        ]
+    return missing
+
+
+class TrainerSession:
+    """The shim's state for one Trainer."""
+
+    def __init__(self, trainer: Any, config: ShimConfig, process: ProcessSession) -> None:
+        self.trainer = trainer
+        self.config = config
+        self.process = process
+        self.original_output_dir: Optional[str] = getattr(trainer.args, "output_dir", None)
+        self.jit_step: Optional[int] = None
+
+    # -- where checkpoints go -------------------------------------------------
+    def redirect(self, run_dir: str) -> str:
+        """Map the user's checkpoint run dir into ``$JITCKPT_DIR/checkpoints``."""
+        if not self.original_output_dir:
+            return run_dir
+        original = os.path.abspath(self.original_output_dir)
+        current = os.path.abspath(run_dir)
+        if current == original:
+            return self.config.checkpoints_dir
+        if current.startswith(original + os.sep):
+            return os.path.join(self.config.checkpoints_dir, os.path.relpath(current, original))
+        return run_dir
+
+    def checkpoint_dir(self, step: int) -> str:
+        get_output_dir = getattr(self.trainer, "_get_output_dir", None)
+        run_dir = get_output_dir(None) if get_output_dir is not None else self.original_output_dir
+        return os.path.join(run_dir or ".", "%s%d" % (CHECKPOINT_PREFIX, step))
+
+    # -- resume ---------------------------------------------------------------
+    def _candidate(self) -> Optional[int]:
+        restored = self.process.restored
+        if restored is not None:
+            path = restored.get("path")
+            if isinstance(path, str) and os.path.isdir(path):
+                try:
+                    return int(restored.get("step", -1))
+                except (TypeError, ValueError):
+                    pass
+        newest = newest_hf_checkpoint(self.config.checkpoints_dir)
+        return newest[0] if newest is not None else None
+
+    def resume_argument(self, requested: Any) -> Any:
+        """What ``train()`` gets for ``resume_from_checkpoint``: the user's choice, or ours."""
+        if requested is not None and requested is not True:
+            return requested  # an explicit path, or False: the user decided
+        mine = self._candidate()
+        step = dist.all_reduce_int(-1 if mine is None else mine, maximum=False)
+        if step < 0:
+            return requested
+        path = os.path.join(self.config.checkpoints_dir, "%s%d" % (CHECKPOINT_PREFIX, step))
+        have = 1 if os.path.isdir(path) else 0
+        if dist.all_reduce_int(have, maximum=False) == 0:
+            say_once("resume-missing", "not every rank has %s: starting without it" % path)
+            return requested
+        say("resuming from %s" % path)
+        return path
+
+    # -- the step boundary ----------------------------------------------------
+    def stop_agreed(self) -> bool:
+        """Whether any rank got SIGTERM (all ranks call this at the same step)."""
+        return dist.all_reduce_int(1 if FLAG.raised else 0, maximum=True) > 0
+
+    def after_save(self, step: int, max_steps: int) -> None:
+        """HF wrote ``checkpoint-<step>`` on every rank: stage it, and leave after a JIT save."""
+        if self.jit_step == step:
+            kind = KIND_JIT
+        elif max_steps > 0 and step >= max_steps:
+            kind = KIND_FINAL
+        else:
+            kind = KIND_PERIODIC
+        dist.barrier()  # every rank has finished writing its files
+        if dist.ranks()["local_rank"] == 0:
+            self._stage(step, kind)
+        if kind == KIND_JIT:
+            dist.barrier()  # the sidecar owns the files before any rank leaves
+            self.exit_after_jit()
+
+    def _stage(self, step: int, kind: str) -> None:
+        link = self.process.link
+        if not link.present():
+            return
+        source = self.checkpoint_dir(step)
+        try:
+            staged = stage(source, self.config.staging_dir, step, kind)
+        except OSError as exc:
+            failed("staging %s" % source, exc)
+            return
+        answer = link.call(
+            OP_STAGED,
+            timeout=STAGED_TIMEOUT,
+            step=staged.step,
+            kind=staged.kind,
+            dir=staged.dir,
+            files=staged.files,
+        )
+        if answer and answer.get("ok"):
+            say("%s checkpoint-%d handed to the sidecar" % (kind, step))
+
+    def exit_after_jit(self) -> None:
+        """Leave with 143 without returning into the user's code (no "final" save of a cut run)."""
+        say("JIT checkpoint-%s saved; exiting with %d" % (self.jit_step, JIT_EXIT_CODE))
+        self.process.bye(JIT_EXIT_CODE)
+        FLAG.run_previous()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed stream must not keep us alive
+                stream.flush()
+        pids.unregister()
+        # os._exit: no atexit, no process-group teardown that could wait on other ranks.
+        os._exit(JIT_EXIT_CODE)
+
+
+def _make_callback(base: type) -> type:
+    """A ``TrainerCallback`` subclass built against this transformers' base class."""
+
+    class JitCallback(base):
+        """Agrees on SIGTERM at each step end, and stages what HF saved."""
+
+        def __init__(self, session: TrainerSession) -> None:
+            self._session = session
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            session = self._session
+            session.process.link.progress(
+                int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
+            )
+            if session.config.jit and session.jit_step is None and session.stop_agreed():
+                session.jit_step = int(state.global_step)
+                say("stopping at step %d for a JIT checkpoint" % session.jit_step)
+                control.should_save = True
+                control.should_training_stop = True
+                control.should_evaluate = False
+            return control
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            self._session.after_save(int(state.global_step), int(state.max_steps or 0))
+            return control
+
+    return JitCallback
+
+
+def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
+    if getattr(trainer, ATTRIBUTE, None) is not None:
+        return
+    watcher.stop()
+    process = get_session(config)
+    session = TrainerSession(trainer, config, process)
+    setattr(trainer, ATTRIBUTE, session)
+    _apply_periodic(trainer.args, config)
+    if hasattr(trainer, "_get_output_dir"):
+        say_once(
+            "output-dir",
+            "checkpoints of output_dir=%s are written to %s (save_model() still writes to %s)"
+            % (session.original_output_dir, config.checkpoints_dir, session.original_output_dir),
+        )
+    else:
+        say_once(
+            "output-dir", "this Trainer has no _get_output_dir: checkpoints stay in output_dir"
+        )
+    trainer.add_callback(callback_type(session))
+    process.hello("transformers")
+    if config.jit:
+        FLAG.install(lambda: process.link.sigterm(int(trainer.state.global_step)))
+
+
+def _apply_periodic(args: Any, config: ShimConfig) -> None:
+    """Set save strategy/steps/total limit as the annotations ask (HF semantics)."""
+    wanted: List[tuple[str, Any]] = []
+    if config.save_strategy is not None:
+        current = getattr(args, "save_strategy", None)
+        value: Any = config.save_strategy
+        if isinstance(current, enum.Enum):
+            value = type(current)(config.save_strategy)
+        wanted.append(("save_strategy", value))
+    if config.save_steps is not None:
+        steps = config.save_steps
+        wanted.append(("save_steps", int(steps) if steps >= 1 and steps.is_integer() else steps))
+    if config.save_total_limit is not None:
+        wanted.append(("save_total_limit", config.save_total_limit))
+    for name, value in wanted:
+        try:
+            setattr(args, name, value)
+        except Exception as exc:
+            failed("setting TrainingArguments.%s" % name, exc)
+
+
+def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(cls, name)
+    wrapper = functools.wraps(original)(make(original))
+    setattr(cls, name, wrapper)
+
+
+def install(module: ModuleType, config: ShimConfig) -> None:
+    """Patch ``module.Trainer`` (the hook on ``transformers.trainer`` calls this)."""
+    missing = missing_features(module)
+    if missing:
+        version = getattr(sys.modules.get("transformers"), "__version__", "?")
+        say_once(
+            "hf-unsupported",
+            "transformers %s lacks %s: no checkpoint integration for its Trainer, "
+            "training runs unchanged" % (version, ", ".join(missing)),
+        )
+        return
+    trainer_cls = module.Trainer
+    if getattr(trainer_cls, "_jitckpt_patched", False):
+        return
+    callback_type = _make_callback(module.TrainerCallback)
+
+    def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            try:
+                _attach(self, config, callback_type)
+            except Exception as exc:
+                failed("Trainer integration", exc)
+
+        return __init__
+
+    def make_train(original: Callable[..., Any]) -> Callable[..., Any]:
+        def train(self: Any, *args: Any, **kwargs: Any) -> Any:
+            session: Optional[TrainerSession] = getattr(self, ATTRIBUTE, None)
+            if session is None:
+                return original(self, *args, **kwargs)
+            try:
+                if args:
+                    args = (session.resume_argument(args[0]), *args[1:])
+                else:
+                    requested = kwargs.get("resume_from_checkpoint")
+                    kwargs["resume_from_checkpoint"] = session.resume_argument(requested)
+            except Exception as exc:
+                failed("resume", exc)
+            FLAG.armed = config.jit
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                FLAG.armed = False
+                if FLAG.raised and session.jit_step is None:
+                    # SIGTERM came after the last step boundary: act as if it came now.
+                    FLAG.raised = False
+                    FLAG.deliver_as_before()
+
+        return train
+
+    def make_output_dir(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _get_output_dir(self: Any, *args: Any, **kwargs: Any) -> Any:
+            run_dir = original(self, *args, **kwargs)
+            session: Optional[TrainerSession] = getattr(self, ATTRIBUTE, None)
+            return run_dir if session is None else session.redirect(run_dir)
+
+        return _get_output_dir
+
+    _wrap(trainer_cls, "__init__", make_init)
+    _wrap(trainer_cls, "train", make_train)
+    if hasattr(trainer_cls, "_get_output_dir"):
+        _wrap(trainer_cls, "_get_output_dir", make_output_dir)
+    trainer_cls._jitckpt_patched = True

@@ -1,0 +1,77 @@
+"""torchrun's worker shutdown timeout, matched to the pod's grace period.
+
+When torchrun gets SIGTERM it forwards it to the workers and SIGKILLs them
+``shutdown_timeout`` seconds later (30 by default, pytorch/pytorch#68258): a
+JIT save that takes longer dies half-written although the pod still has most
+of its grace period. Recent torch reads ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` in
+``LaunchConfig`` (the webhook sets it); when it is unset the shim sets it from
+``JITCKPT_GRACE_SECONDS``. Older torch has no such setting: there the default
+timeout of ``PContext.close`` is replaced instead. Which path applies is
+decided by looking at the installed torch, not by its version number.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .config import ShimConfig
+from .hooks import when_imported
+from .layout import ENV_TORCH_SHUTDOWN
+from .log import say_once
+
+# ``typing`` costs milliseconds at startup of every Python process in the
+# container; annotations are strings here, so only the type checker needs it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Optional
+
+# Imported by ``torchrun`` and ``python -m torch.distributed.run`` before the
+# launch configuration is built, and by nothing but launchers.
+LAUNCHER_MODULE = "torch.distributed.launcher.api"
+PCONTEXT_MODULE = "torch.distributed.elastic.multiprocessing.api"
+
+
+def launch_config_reads_env(launcher_api: ModuleType) -> bool:
+    """Whether this torch's ``LaunchConfig`` has a ``shutdown_timeout`` it fills from the env."""
+    import dataclasses
+
+    config = getattr(launcher_api, "LaunchConfig", None)
+    if config is None or not dataclasses.is_dataclass(config):
+        return False
+    return any(field.name == "shutdown_timeout" for field in dataclasses.fields(config))
+
+
+def _patch_pcontext_close(module: ModuleType, grace_timeout: int) -> None:
+    """Older torch: agents call ``PContext.close(death_sig)`` and get the 30 s default."""
+    pcontext = getattr(module, "PContext", None)
+    close = getattr(pcontext, "close", None)
+    if pcontext is None or close is None or getattr(close, "_jitckpt", False):
+        say_once("launcher-old", "torch has no PContext.close to patch: torchrun keeps its timeout")
+        return
+
+    def patched(self: Any, death_sig: Any = None, timeout: Optional[int] = None) -> Any:
+        return close(self, death_sig, grace_timeout if timeout is None else timeout)
+
+    patched._jitckpt = True  # type: ignore[attr-defined]
+    pcontext.close = patched
+
+
+def install(config: ShimConfig) -> None:
+    """Register the launcher fix; it runs only if this process turns out to be a launcher."""
+    timeout = config.shutdown_timeout()
+    if timeout is None:
+        return
+
+    def on_launcher(module: ModuleType) -> None:
+        from . import watcher
+
+        watcher.stop()  # the workers stage their own checkpoints
+        if os.environ.get(ENV_TORCH_SHUTDOWN):
+            return  # the webhook or the user chose already
+        os.environ[ENV_TORCH_SHUTDOWN] = str(timeout)
+        if launch_config_reads_env(module):
+            return
+        when_imported(PCONTEXT_MODULE, lambda pcontext: _patch_pcontext_close(pcontext, timeout))
+
+    when_imported(LAUNCHER_MODULE, on_launcher)

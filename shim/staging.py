@@ -1,0 +1,72 @@
+"""Hard-link a finished checkpoint into ``staging/<id>/`` for the sidecar.
+
+HF's ``save_total_limit`` rotation deletes old ``checkpoint-*`` directories
+while the sidecar may still be uploading them; a hard link keeps the data
+alive without copying a byte, and the sidecar deletes the links once
+committed. Directories are made world-writable (files keep their own modes)
+because the sidecar may run as another user and must be able to remove them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import List
+
+from .log import say_once
+
+DIR_MODE = 0o777
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One staged checkpoint: where the links are and which files (relative, ``/``-separated)."""
+
+    step: int
+    kind: str
+    dir: str
+    files: List[str]
+
+
+def _make_dir(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, DIR_MODE)  # not subject to the umask of the user's process
+
+
+def _link(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        say_once(
+            "staging-copy",
+            "cannot hard-link into staging (%s): copying checkpoints instead" % exc.strerror,
+        )
+        shutil.copy2(source, target)
+
+
+def stage(checkpoint_dir: str, staging_root: str, step: int, kind: str) -> Staged:
+    """Link every file of ``checkpoint_dir`` into a fresh ``staging_root/<id>/``."""
+    name = os.path.basename(os.path.normpath(checkpoint_dir))
+    if not os.path.isdir(staging_root):
+        _make_dir(staging_root)
+    target_root = os.path.join(
+        staging_root, "%s-%s-%d-%d" % (name, kind, os.getpid(), time.time_ns())
+    )
+    _make_dir(target_root)
+    files: List[str] = []
+    for here, dirs, names in os.walk(checkpoint_dir):
+        dirs.sort()
+        relative_dir = os.path.relpath(here, checkpoint_dir)
+        target_dir = target_root if relative_dir == "." else os.path.join(target_root, relative_dir)
+        if target_dir != target_root:
+            _make_dir(target_dir)
+        for file_name in sorted(names):
+            _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
+            relative = file_name if relative_dir == "." else os.path.join(relative_dir, file_name)
+            files.append(relative.replace(os.sep, "/"))
+    return Staged(step=step, kind=kind, dir=target_root, files=files)
