@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ class Timeline:
     """JSON lines of (event, step, t), flushed each line so a reader sees them live."""
 
     def __init__(self, path: Path | None) -> None:
+        self._rank = int(os.environ.get("RANK", "0"))
         self._file: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
 
     def write(self, event: str, step: int) -> None:

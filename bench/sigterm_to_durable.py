@@ -1,0 +1,191 @@
+"""SIGTERM to durable: from the signal to the checkpoint committed in S3.
+
+Three subjects train the same model (bench/workload.py) and get SIGTERM once
+step 3 has ended:
+- jitckpt: the real shim (PYTHONPATH) and the real agent (`jitckpt agent`),
+  with the environment the webhook sets; committed = the node manifest
+  `checkpoint-<step>/.jitckpt/node-0.json` is in the bucket (polled every 50 ms).
+- hf-jit + s5cmd: transformers' `enable_jit_checkpoint` (it waits 3 s by
+  design, then saves and returns from train()); when the process has exited,
+  `s5cmd cp` of the checkpoint; committed = s5cmd exits 0.
+- sync-save + s5cmd: the hand-written way: SIGTERM sets a flag, HF's own save
+  runs at the next step end, the process exits, then `s5cmd cp`.
+The store is emptied (moto reset) after every run, so no run pays for another's
+objects. The 2 GB case runs fewer repetitions (it takes minutes on 2 cores);
+`--quick` skips it.
+
+    python -m bench.sigterm_to_durable [--quick] [--reps N]
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.harness import BenchOptions
+from bench.jitckpt_node import JitckptNode
+from bench.procs import Background
+from bench.results import Case, Series
+from bench.training_run import ModelShape, wait_for_step, workload_argv
+from bench.transfer import run_s5cmd
+from shim import layout
+
+NAME = "sigterm_to_durable"
+BUCKET = "bench-durable"
+JITCKPT = "jitckpt"
+HF_JIT = "hf enable_jit_checkpoint + s5cmd cp"
+SYNC = "sync save + s5cmd cp"
+SUBJECTS = (JITCKPT, HF_JIT, SYNC)
+# peer -> the workload's --on-sigterm mode, also its prefix in the bucket
+PEER_MODES = {HF_JIT: "hf-jit", SYNC: "sync-save"}
+SIGTERM_AFTER_STEP = 3
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    seconds: float
+    exit_code: int | None
+    checkpoint_bytes: int
+
+
+def _s3_client(s3_env: dict[str, str]) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=s3_env["AWS_S3_ENDPOINT"],
+        aws_access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
+        region_name=s3_env["AWS_DEFAULT_REGION"],
+    )
+
+
+def _manifest_present(client: Any, prefix: str) -> bool:
+    suffix = f"/{layout.MANIFEST_DIR}/node-0.json"
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+    return any(item["Key"].endswith(suffix) for page in pages for item in page.get("Contents", []))
+
+
+def _stored_bytes(client: Any, prefix: str) -> int:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+    return sum(item["Size"] for page in pages for item in page.get("Contents", []))
+
+
+def run_jitckpt(work: Path, shape: ModelShape, s3_env: dict[str, str], timeout: float) -> Outcome:
+    prefix = "bench/durable"
+    client = _s3_client(s3_env)
+    with JitckptNode(work / "node", f"s3://{BUCKET}/{prefix}", s3_env) as node:
+        timeline_path = work / "timeline.jsonl"
+        argv = workload_argv(shape, work / "output", timeline_path)
+        with Background(argv, env=node.trainer_env(), log=work / "trainer.log") as trainer:
+            wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+            started = time.monotonic()
+            os.kill(trainer.pid, signal.SIGTERM)
+            deadline = started + timeout
+            while not _manifest_present(client, prefix):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no manifest after {timeout} s: {node.log_tail()}")
+                time.sleep(0.05)
+            elapsed = time.monotonic() - started
+            code = trainer.process.wait(timeout=timeout) if trainer.process else None
+    return Outcome(elapsed, code, _stored_bytes(client, prefix))
+
+
+def run_peer(
+    subject: str, work: Path, shape: ModelShape, s3_env: dict[str, str], timeout: float
+) -> Outcome:
+    timeline_path = work / "timeline.jsonl"
+    output = work / "output"
+    on_sigterm = PEER_MODES[subject]
+    argv = workload_argv(shape, output, timeline_path, on_sigterm=on_sigterm)
+    with Background(argv, env=dict(os.environ), log=work / "trainer.log") as trainer:
+        wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+        started = time.monotonic()
+        os.kill(trainer.pid, signal.SIGTERM)
+        assert trainer.process is not None
+        code = trainer.process.wait(timeout=timeout)
+    checkpoints = sorted(
+        output.glob(layout.CHECKPOINT_PREFIX + "*"), key=lambda p: p.stat().st_mtime
+    )
+    if not checkpoints:
+        raise RuntimeError(f"{subject}: no checkpoint written (exit {code})")
+    newest = checkpoints[-1]
+    run_s5cmd(
+        ["cp", f"{newest}/*", f"s3://{BUCKET}/{on_sigterm}/{newest.name}/"],
+        dict(os.environ, **s3_env),
+    )
+    elapsed = time.monotonic() - started
+    size = sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
+    return Outcome(elapsed, code, size)
+
+
+def run(options: BenchOptions) -> list[Case]:
+    from sidecar.demo.s3server import LocalS3
+
+    sizes = [
+        ("50 MB", 50 * MB, options.repetitions(5, 3)),
+        ("500 MB", 500 * MB, options.repetitions(5, 3)),
+    ]
+    if not options.quick:
+        sizes.append(("2 GB", 2000 * MB, options.reps or 2))
+    cases = []
+    with LocalS3() as s3:
+        s3_env = s3.credentials_env()
+        for label, state_bytes, reps in sizes:
+            shape = ModelShape.for_state(label, state_bytes)
+            timeout = 120 + state_bytes / MB * 0.5
+            outcomes: dict[str, list[Outcome]] = {s: [] for s in SUBJECTS}
+            for rep in range(reps):
+                order = SUBJECTS[rep % 3 :] + SUBJECTS[: rep % 3]
+                for subject in order:
+                    s3.reset()
+                    s3.create_bucket(BUCKET)
+                    with tempfile.TemporaryDirectory(prefix="bench-durable-") as tmp:
+                        work = Path(tmp)
+                        if subject == JITCKPT:
+                            outcome = run_jitckpt(work, shape, s3_env, timeout)
+                        else:
+                            outcome = run_peer(subject, work, shape, s3_env, timeout)
+                    outcomes[subject].append(outcome)
+                    print(
+                        f"[bench] durable {label} rep {rep} {subject}: {outcome.seconds:.2f} s, "
+                        f"exit {outcome.exit_code}, {outcome.checkpoint_bytes / MB:.0f} MB",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            cases.append(
+                Case(
+                    benchmark=NAME,
+                    case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
+                    metric="SIGTERM to committed in S3",
+                    unit="s",
+                    lower_is_better=True,
+                    series=[
+                        Series(
+                            subject,
+                            [o.seconds for o in outcomes[subject]],
+                            {
+                                "checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[subject]],
+                                "exit_codes": [o.exit_code for o in outcomes[subject]],
+                            },
+                        )
+                        for subject in SUBJECTS
+                    ],
+                    note="sigterm_to_durable: SIGTERM after step 3; jitckpt committed = node "
+                    "manifest in S3; peers committed = s5cmd cp exit 0 after the trainer exited; "
+                    "2 GB: 2 repetitions",
+                )
+            )
+    return cases
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(NAME, "bench.sigterm_to_durable", run, __doc__))

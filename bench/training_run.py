@@ -1,0 +1,78 @@
+"""Starting bench/workload.py as a trainer process and watching its timeline."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import timeline
+from bench.procs import Background
+from bench.workload import shape_for_state_bytes
+
+VOCAB_SIZE = 8192
+SEQ_LEN = 32
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A GPT-2 shape picked for a target size of weights plus AdamW state."""
+
+    label: str
+    hidden_size: int
+    layers: int
+
+    @classmethod
+    def for_state(cls, label: str, state_bytes: int) -> ModelShape:
+        hidden_size, layers = shape_for_state_bytes(state_bytes, VOCAB_SIZE, SEQ_LEN)
+        return cls(label, hidden_size, layers)
+
+
+def workload_argv(
+    shape: ModelShape,
+    output_dir: Path,
+    timeline_path: Path,
+    *,
+    max_steps: int = 100000,
+    save_steps: int = 0,
+    on_sigterm: str = "none",
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.workload",
+        "--output-dir",
+        str(output_dir),
+        "--hidden-size",
+        str(shape.hidden_size),
+        "--layers",
+        str(shape.layers),
+        "--vocab-size",
+        str(VOCAB_SIZE),
+        "--seq-len",
+        str(SEQ_LEN),
+        "--max-steps",
+        str(max_steps),
+        "--save-steps",
+        str(save_steps),
+        "--on-sigterm",
+        on_sigterm,
+        "--timeline",
+        str(timeline_path),
+    ]
+
+
+def wait_for_step(
+    trainer: Background, timeline_path: Path, step: int, timeout: float = 600.0
+) -> None:
+    """Block until rank 0 ended `step`; fail if the trainer died first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if step in timeline.times(timeline.read(timeline_path), "step_end"):
+            return
+        process = trainer.process
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"trainer exited {process.returncode} before step {step}")
+        time.sleep(0.05)
+    raise TimeoutError(f"trainer did not reach step {step} in {timeout} s")
