@@ -270,6 +270,7 @@ def build(
     if secret is not None and pvc_claim is not None:
         warnings.append(f"s3-secret {secret!r} is not given to the sidecar of a pvc:// destination")
         secret = None
+        values = {k: v for k, v in values.items() if k != "s3-secret"}
     root = job_root(values["destination"], namespace, trainer.job_name)
 
     before = spec.get("terminationGracePeriodSeconds")

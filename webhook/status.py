@@ -125,11 +125,16 @@ def strip(pod: dict[str, Any], status: InjectionStatus) -> dict[str, Any]:
             spec.pop("terminationGracePeriodSeconds", None)
         else:
             spec["terminationGracePeriodSeconds"] = before
-    metadata = original.setdefault("metadata", {})
+    drop_status_annotation(original)
+    return original
+
+
+def drop_status_annotation(pod: dict[str, Any]) -> None:
+    """Remove the status annotation in place (and ``annotations`` if it was the only one)."""
+    metadata = pod.setdefault("metadata", {})
     annotations = metadata.get("annotations") or {}
     annotations.pop(STATUS_KEY, None)
     if annotations:
         metadata["annotations"] = annotations
     else:
         metadata.pop("annotations", None)
-    return original
