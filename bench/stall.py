@@ -1,0 +1,107 @@
+"""Training stall per periodic checkpoint: how long one save blocks the training loop.
+
+The same workload (bench/workload.py) saves every `SAVE_EVERY` steps, once
+under jitckpt (real shim + real agent uploading to LocalS3 in the background)
+and once as plain transformers (the save only, nothing uploaded). A callback
+timestamps each step's begin and end; the stall of a save at step k is the
+gap between the end of step k and the begin of step k+1, less the median gap
+between other steps (bench/timeline.py). Each save in each run is a sample.
+
+    python -m bench.stall [--quick] [--reps N]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import harness, timeline
+from bench.harness import BenchOptions
+from bench.jitckpt_node import JitckptNode
+from bench.procs import Background
+from bench.results import Case, Series
+from bench.training_run import ModelShape, workload_argv
+
+NAME = "stall"
+BUCKET = "bench-stall"
+JITCKPT = "jitckpt"
+PLAIN = "plain transformers save"
+SUBJECTS = (JITCKPT, PLAIN)
+SAVE_EVERY = 10
+SAVES_PER_RUN = 3
+MB = 1_000_000
+
+
+def _train(argv: list[str], env: dict[str, str], work: Path, timeout: float) -> None:
+    with Background(argv, env=env, log=work / "trainer.log") as trainer:
+        assert trainer.process is not None
+        code = trainer.process.wait(timeout=timeout)
+    if code != 0:
+        log = (work / "trainer.log").read_text()[-3000:]
+        raise RuntimeError(f"trainer exited {code}: {log}")
+
+
+def stalls(subject: str, shape: ModelShape, s3_env: dict[str, str], timeout: float) -> list[float]:
+    """The blocked seconds of each periodic save of one training run."""
+    max_steps = SAVE_EVERY * SAVES_PER_RUN + 2
+    with tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
+        work = Path(tmp)
+        timeline_path = work / "timeline.jsonl"
+        argv = workload_argv(
+            shape, work / "output", timeline_path, max_steps=max_steps, save_steps=SAVE_EVERY
+        )
+        if subject == JITCKPT:
+            with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
+                _train(argv, node.trainer_env(), work, timeout)
+        else:
+            _train(argv, dict(os.environ), work, timeout)
+        events = timeline.read(timeline_path)
+    saves = range(SAVE_EVERY, max_steps, SAVE_EVERY)
+    return [timeline.blocked_seconds(events, step) for step in saves]
+
+
+def run(options: BenchOptions) -> list[Case]:
+    from sidecar.demo.s3server import LocalS3
+
+    reps = options.repetitions(3, 2)  # three saves per run: 9 samples (6 with --quick)
+    sizes = [("50 MB", 50 * MB)] if options.quick else [("50 MB", 50 * MB), ("500 MB", 500 * MB)]
+    cases = []
+    with LocalS3() as s3:
+        s3_env = s3.credentials_env()
+        for label, state_bytes in sizes:
+            shape = ModelShape.for_state(label, state_bytes)
+            samples: dict[str, list[float]] = {s: [] for s in SUBJECTS}
+            for rep in range(reps):
+                for subject in SUBJECTS if rep % 2 == 0 else SUBJECTS[::-1]:
+                    s3.reset()
+                    s3.create_bucket(BUCKET)
+                    measured = stalls(subject, shape, s3_env, timeout=600)
+                    samples[subject] += [1000 * value for value in measured]
+                    print(
+                        f"[bench] stall {label} rep {rep} {subject}: "
+                        + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            cases.append(
+                Case(
+                    benchmark=NAME,
+                    case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
+                    metric="loop blocked per periodic save",
+                    unit="ms",
+                    lower_is_better=True,
+                    series=[
+                        Series(s, samples[s], {"save_steps": SAVE_EVERY, "saves_per_run": 3})
+                        for s in SUBJECTS
+                    ],
+                    note="stall: one sample per periodic save (3 per run); gap between step end "
+                    "and next step begin, less the median gap of other steps",
+                )
+            )
+    return cases
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(NAME, "bench.stall", run, __doc__))
