@@ -1,0 +1,121 @@
+"""One attempt of a job: its pods injected by ``mutate()`` and run by the pod runner.
+
+This is what the cluster would do between ``kubectl apply`` and the pods
+being gone: the controller's pods go through the webhook's mutation core
+(the same function the admission server calls), the runner starts them, and
+preemption goes through the runner's termination path (preStop hook,
+SIGTERM, grace period, SIGKILL), as the kubelet's would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.demo.jobpods import JobSpec, job_pods
+from sidecar.demo.watch import StatusPoller
+from sidecar.podrunner import Node, Pod, PodEvent, PodResult
+from webhook.config import WebhookConfig
+from webhook.mutate import MutationResult, NamespaceInfo, mutate
+
+TRAINER = "pytorch"
+AGENT = "jitckpt-agent"
+
+
+class JobError(RuntimeError):
+    """The job did not get where the caller waited for it to get."""
+
+
+@dataclass
+class JobRun:
+    node: Node
+    job: JobSpec
+    namespace: NamespaceInfo
+    config: WebhookConfig
+    inject: bool = True
+    on_event: Callable[[PodEvent], None] | None = None
+    on_status: Callable[[str, dict[str, Any]], None] | None = None
+    mutations: list[MutationResult] = field(default_factory=list)
+    pods: list[Pod] = field(default_factory=list)
+    sigterm_at: float | None = None  # wall clock of the first termination request
+    preempted_at_step: int | None = None
+    poller: StatusPoller | None = None
+    results: list[PodResult] = field(default_factory=list)
+    finished_at: float | None = None
+
+    def start(self) -> JobRun:
+        for generated in job_pods(self.job):
+            manifest = generated
+            if self.inject:
+                result = mutate(generated, self.namespace, self.config)
+                if not result.injected:
+                    raise JobError(f"the webhook did not inject {self.job.name}: {result.message}")
+                self.mutations.append(result)
+                manifest = result.pod
+            self.pods.append(Pod(self.node, manifest, on_event=self.on_event))
+        for pod in self.pods:
+            pod.start()
+        if self.inject:
+            ips = {pod.name: pod.ip for pod in self.pods}
+            self.poller = StatusPoller(ips, on_update=self.on_status).start()
+        return self
+
+    @property
+    def step(self) -> int:
+        """The highest training step any sidecar has reported."""
+        return self.poller.max_step if self.poller else 0
+
+    def wait_for_step(self, step: int, timeout: float) -> int:
+        """Block until the shim's progress reaches ``step``; return the step seen."""
+        deadline = time.monotonic() + timeout
+        while self.step < step:
+            if all(pod.done for pod in self.pods):
+                raise JobError(f"the job ended before step {step} (last step seen {self.step})")
+            if time.monotonic() > deadline:
+                raise JobError(f"step {step} not reached in {timeout:.0f} s (at {self.step})")
+            time.sleep(0.02)
+        return self.step
+
+    def preempt(self, ranks: Sequence[int] | None = None) -> None:
+        """Terminate the pods of these node ranks (all by default), as a preemption does."""
+        self.preempted_at_step = self.step
+        self.sigterm_at = time.time()
+        chosen = range(len(self.pods)) if ranks is None else ranks
+        for rank in chosen:
+            self.pods[rank].terminate()
+
+    def kill(self, rank: int) -> None:
+        """The node under pod ``rank`` is lost: SIGKILL, no hooks, no grace."""
+        self.sigterm_at = self.sigterm_at or time.time()
+        self.pods[rank].kill()
+
+    def wait(self, timeout: float) -> list[PodResult]:
+        deadline = time.monotonic() + timeout
+        try:
+            for pod in self.pods:
+                remaining = max(0.1, deadline - time.monotonic())
+                try:
+                    self.results.append(pod.wait(remaining))
+                except TimeoutError:
+                    for other in self.pods:
+                        other.kill()
+                    raise JobError(f"pod {pod.name} still running after {timeout:.0f} s") from None
+        finally:
+            if self.poller is not None:
+                self.poller.stop()
+        self.finished_at = time.time()
+        return self.results
+
+    def exit_codes(self, container: str = TRAINER) -> list[int | None]:
+        return [result.exit_code(container) for result in self.results]
+
+    def messages(self, container: str = AGENT) -> list[str]:
+        return [result.message(container) for result in self.results]
+
+    def restored(self) -> list[Any]:
+        """What each sidecar said it restored (``None``: nothing)."""
+        if self.poller is None:
+            return []
+        return [self.poller.latest.get(pod.name, {}).get("restored") for pod in self.pods]
