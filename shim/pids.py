@@ -54,6 +54,26 @@ def register(pids_dir: str) -> None:
         return
     _REGISTERED[:] = [path]
     atexit.register(unregister, pid)
+    _prune(pids_dir)
+
+
+def _prune(pids_dir: str) -> None:
+    """Remove files of processes that died without cleaning up (killed by a signal)."""
+    try:
+        names = os.listdir(pids_dir)
+    except OSError:
+        return
+    for name in names:
+        stem = name[:-4] if name.endswith(".pid") else ""
+        if not stem.isdigit():
+            continue
+        try:
+            os.kill(int(stem), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(pids_dir, name))
+        except OSError:
+            pass  # alive, owned by another user
 
 
 def unregister(pid: Optional[int] = None) -> None:

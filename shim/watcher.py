@@ -101,9 +101,12 @@ class CheckpointWatcher:
 _WATCHERS: List[CheckpointWatcher] = []
 
 
+_DISABLED: List[bool] = []  # set once a HF Trainer or torchrun's launcher shows up
+
+
 def start(config: ShimConfig) -> None:
     """Watch for plain-loop checkpoints in this process (local rank 0 only)."""
-    if _WATCHERS or os.environ.get("LOCAL_RANK", "0") != "0":
+    if _WATCHERS or _DISABLED or os.environ.get("LOCAL_RANK", "0") != "0":
         return
     watcher = CheckpointWatcher(config)
     _WATCHERS.append(watcher)
@@ -112,6 +115,7 @@ def start(config: ShimConfig) -> None:
 
 
 def stop() -> None:
-    """A HF Trainer stages its own checkpoints: the watcher steps aside for good."""
+    """A HF Trainer stages its own checkpoints, a launcher has none: step aside for good."""
+    _DISABLED.append(True)
     for watcher in _WATCHERS:
         watcher.close()

@@ -1,0 +1,114 @@
+"""The shim's entry point in real interpreters: activation, chaining, pid files, preStop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from shim import layout
+from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, jit_lines
+
+PROBE = (
+    "import json, os, sys; print(json.dumps({"
+    "'active': '_jitckpt_shim' in sys.modules,"
+    "'leaked': sorted(n for n in ('protocol', 'layout', 'hf', 'hooks') if n in sys.modules),"
+    "'torch': 'torch' in sys.modules,"
+    "'pids': sorted(os.listdir(os.environ['PIDS'])) if os.path.isdir(os.environ['PIDS']) else [],"
+    "'pid': os.getpid()}))"
+)
+
+
+def probe(env: dict[str, str], pids: Path) -> tuple[dict[str, object], str]:
+    done = subprocess.run(
+        [PYTHON, "-c", PROBE],
+        env={**env, "PIDS": str(pids)},
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout), done.stderr
+
+
+def test_inactive_without_jitckpt_dir(shim_env: ShimEnv) -> None:
+    result, stderr = probe(shim_env.without_shim(), shim_env.pids)
+    assert result["active"] is False
+    assert result["pids"] == []
+    assert stderr == ""
+
+
+def test_active_registers_pid_privately_and_cheaply(shim_env: ShimEnv) -> None:
+    result, stderr = probe(shim_env.env, shim_env.pids)
+    assert result["active"] is True
+    assert result["pids"] == [f"{result['pid']}.pid"]  # registered while running
+    assert result["leaked"] == []  # shim modules are not top-level names
+    assert result["torch"] is False  # nothing heavy imported up front
+    assert stderr == ""
+    assert list(shim_env.pids.iterdir()) == []  # removed at exit
+
+
+def test_image_sitecustomize_still_runs(shim_env: ShimEnv, tmp_path: Path) -> None:
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text(
+        "import os, sys\nsys.stderr.write('image sitecustomize ran as %s\\n' % __name__)\n"
+    )
+    for base in (shim_env.env, shim_env.without_shim()):
+        env = {**base, "PYTHONPATH": base["PYTHONPATH"] + ":" + str(image)}
+        result, stderr = probe(env, shim_env.pids)
+        assert "image sitecustomize ran as sitecustomize" in stderr
+        assert result["active"] is ("JITCKPT_DIR" in env)
+
+
+def test_broken_image_sitecustomize_reported_like_site_does(
+    shim_env: ShimEnv, tmp_path: Path
+) -> None:
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "sitecustomize.py").write_text("raise RuntimeError('image is broken')\n")
+    env = {**shim_env.env, "PYTHONPATH": shim_env.env["PYTHONPATH"] + ":" + str(image)}
+    result, stderr = probe(env, shim_env.pids)
+    assert result["active"] is True
+    assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:" in stderr
+    assert "RuntimeError: image is broken" in stderr
+
+
+def test_unusable_run_dir_said_once_and_program_runs(shim_env: ShimEnv) -> None:
+    blocker = shim_env.root / "not-a-dir"
+    blocker.write_text("")
+    env = {**shim_env.env, "JITCKPT_SOCKET": str(blocker / "agent.sock")}
+    result, stderr = probe(env, shim_env.pids)
+    assert result["active"] is True
+    lines = jit_lines(stderr)
+    assert len(lines) == 1 and "pid registration" in lines[0], stderr
+
+
+def test_prestop_reaches_python_under_a_shell(shim_env: ShimEnv, spawn: Spawn) -> None:
+    """bash as the parent swallows nothing here, but the hook signals the pid file's process."""
+    script = "import time; print('ready', flush=True); time.sleep(60)"
+    shell = spawn(
+        ["bash", "-c", f'{PYTHON} -c "{script}"; echo python-exit=$?'],
+        shim_env.env,
+    )
+    shell.wait_for("ready")
+    registered = [path.name for path in shim_env.pids.iterdir()]
+    assert len(registered) == 1
+    command = [part.replace(layout.RUN_DIR, str(shim_env.run)) for part in layout.PRESTOP_COMMAND]
+    assert command[0] == "/bin/sh"
+    started = time.monotonic()
+    subprocess.run(command, check=True, timeout=10)
+    assert shell.wait(timeout=10) == 0
+    assert time.monotonic() - started < 5
+    assert f"python-exit={128 + signal.SIGTERM}" in shell.output()
+    # Killed by the default action, it could not remove its file: the next process prunes it.
+    result, _ = probe(shim_env.env, shim_env.pids)
+    assert result["pids"] == [f"{result['pid']}.pid"]
+
+
+def test_prestop_with_no_registered_process_succeeds(shim_env: ShimEnv) -> None:
+    command = [part.replace(layout.RUN_DIR, str(shim_env.run)) for part in layout.PRESTOP_COMMAND]
+    assert subprocess.run(command, check=False, timeout=10).returncode == 0
