@@ -3,7 +3,8 @@
 The webhook gives the sidecar and the trainer container the environment
 named in shim/layout.py; here the same variables point at a temporary
 directory instead of the pod's volumes, so the agent (`jitckpt agent`) and the
-trainer (with PYTHONPATH at the repository's shim) run as plain processes.
+trainer (with PYTHONPATH at the shim the agent copied, as in the pod) run as
+plain processes.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from bench.procs import REPO_ROOT, Background, tool
+from bench.procs import Background, tool
 from shim import layout
 
-SHIM_DIR = REPO_ROOT / "shim"
 GRACE_SECONDS = 300
 SHUTDOWN_MARGIN = 15  # the webhook leaves torchrun this much less than the grace period
 
@@ -38,6 +38,11 @@ class JitckptNode:
     @property
     def local_dir(self) -> Path:
         return self.work / "local"
+
+    @property
+    def shim_dir(self) -> Path:
+        """Where the agent copies the shim, as it does into the pod's jitckpt-shim volume."""
+        return self.work / "opt" / "shim"
 
     @property
     def socket_path(self) -> Path:
@@ -71,7 +76,7 @@ class JitckptNode:
         """The trainer container's env: the shim on PYTHONPATH, no S3 credentials."""
         env = dict(os.environ if base is None else base)
         existing = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = f"{SHIM_DIR}:{existing}" if existing else str(SHIM_DIR)
+        env["PYTHONPATH"] = f"{self.shim_dir}:{existing}" if existing else str(self.shim_dir)
         env.update(
             {
                 layout.ENV_DIR: str(self.local_dir),
@@ -97,7 +102,14 @@ class JitckptNode:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.agent = Background(
-            [tool("jitckpt"), "agent", "--termination-log", str(self.work / "termination-log")],
+            [
+                tool("jitckpt"),
+                "agent",
+                "--termination-log",
+                str(self.work / "termination-log"),
+                "--shim-target",
+                str(self.shim_dir),
+            ],
             env=self.agent_env(port),
             log=self.work / "agent.log",
         ).start()
