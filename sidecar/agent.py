@@ -1,0 +1,398 @@
+"""The sidecar's lifecycle: shim copy, access probe, restore, serve, drain within the grace period.
+
+Phases (``jitckpt agent --phase``): ``all`` is the native sidecar; legacy
+clusters run ``restore`` as an init container and ``run`` as a regular
+container that exits once the trainer is gone, so a Job can still complete.
+On SIGTERM the agent keeps uploading until nothing is left or the grace
+deadline (SIGTERM + grace - margin) nears, then writes the termination
+message and exits: 0 when everything staged was committed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Literal
+
+from shim import layout, protocol
+from sidecar import events, retention, shimcopy, staging, termination
+from sidecar import manifest as mf
+from sidecar.commit import CommitResult
+from sidecar.config import AgentConfig
+from sidecar.grace import GraceClock
+from sidecar.metrics import Metrics
+from sidecar.restore import RestoreResult, restore
+from sidecar.server import ProtocolServer
+from sidecar.state import AgentState, ClientInfo, Committed, now_iso
+from sidecar.status import StatusServer
+from sidecar.storage.base import Store, StoreError
+from sidecar.storage.factory import open_store
+from sidecar.uri import parse_job_root
+
+Phase = Literal["all", "restore", "run"]
+PROBE_PREFIX = ".jitckpt-probe-"
+POLL_SECONDS = 0.5
+
+EXIT_OK = 0
+EXIT_UNCOMMITTED = 1
+EXIT_NO_ACCESS = 3
+EXIT_RESTORE_FAILED = 4
+
+log = logging.getLogger("jitckpt.agent")
+
+
+class AccessError(RuntimeError):
+    """The destination cannot be used; the message tells the operator what to fix."""
+
+
+async def verify_access(store: Store, config: AgentConfig) -> None:
+    """List, write and delete a tiny object, so a wrong bucket or Secret fails before training."""
+    root = parse_job_root(config.destination, config.pvc_mount)
+    if config.destination.startswith("pvc://") and not config.pvc_mount.is_dir():
+        raise AccessError(f"the claim of {config.destination} is not mounted at {config.pvc_mount}")
+    key = f"{PROBE_PREFIX}{config.pod_name or 'pod'}-{uuid.uuid4().hex[:8]}"
+    step = "list"
+    try:
+        await store.list_objects(PROBE_PREFIX)
+        step = "write"
+        await store.put_bytes(key, b"jitckpt access probe\n")
+        step = "delete"
+        await store.delete([key])
+    except (StoreError, OSError) as exc:
+        raise AccessError(
+            f"cannot {step} in {root.uri}: {exc}. Check the bucket or claim, the S3 Secret "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_S3_ENDPOINT, AWS_DEFAULT_REGION) "
+            'and jitckpt.io/verify-ssl; jitckpt.io/verify-access: "false" skips this probe'
+        ) from exc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Agent:
+    """One sidecar process; also the protocol server's handler."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        phase: Phase = "all",
+        termination_log: Path = Path("/dev/termination-log"),
+        shim_target: Path | None = Path(layout.SHIM_DIR),
+    ) -> None:
+        self.config = config
+        self.phase = phase
+        self.termination_log = termination_log
+        self.shim_target = shim_target
+        self.metrics = Metrics()
+        self.grace = GraceClock(config.grace_seconds, config.grace_margin)
+        self.state = AgentState(config=config, grace=self.grace)
+        self.events = events.EventPoster(config.pod_namespace, config.pod_name)
+        self.restored = RestoreResult()
+        self._stop = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._store: Store | None = None
+        self._grace_warned: float | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._on_signal)
+        loop.add_signal_handler(signal.SIGINT, self._on_signal)
+        cfg = self.config
+        status = StatusServer(
+            cfg.pod_ip, cfg.status_port, self.state.document, self.metrics.registry
+        )
+        await status.start()
+        try:
+            async with open_store(cfg) as store:
+                self._store = store
+                return await self._lifecycle(store)
+        finally:
+            for task in list(self._background):
+                task.cancel()
+            await status.close()
+
+    def _on_signal(self) -> None:
+        if not self.grace.started:
+            log.info("SIGTERM: draining uploads within %.0fs", self.config.grace_seconds)
+        self.grace.start()
+        self._stop.set()
+
+    async def _lifecycle(self, store: Store) -> int:
+        cfg = self.config
+        if self.phase != "run":
+            if self.shim_target is not None:
+                count = shimcopy.install(self.shim_target)
+                log.info("shim copied to %s (%d files)", self.shim_target, count)
+            staging.make_shared_dir(cfg.checkpoints_dir)
+            staging.make_shared_dir(cfg.staging_dir)
+            cfg.pids_dir.parent.mkdir(parents=True, exist_ok=True)
+            if cfg.verify_access:
+                try:
+                    await verify_access(store, cfg)
+                except AccessError as exc:
+                    return self._fail(EXIT_NO_ACCESS, str(exc))
+                log.info("access to %s verified", store.uri)
+            self.state.phase = "restoring"
+            try:
+                await self._restore(store)
+            except (StoreError, OSError) as exc:
+                return self._fail(EXIT_RESTORE_FAILED, f"restore from {store.uri} failed: {exc}")
+            if self.phase == "restore":
+                self.state.phase = "stopped"
+                return EXIT_OK
+        else:
+            self.restored = RestoreResult.load(cfg.local_dir) or RestoreResult()
+            self._record_restore()
+        return await self._serve(store)
+
+    def _fail(self, code: int, text: str) -> int:
+        log.error("%s", text)
+        self.state.phase = "failed"
+        self.state.last_error = text
+        termination.write(self.termination_log, termination.message(self.state, [], note=text))
+        return code
+
+    async def _restore(self, store: Store) -> None:
+        if not self.config.resume:
+            self.restored = RestoreResult(reason="resume is false: starting fresh")
+            log.info("jitckpt.io/resume is false: not restoring")
+        else:
+            self.restored = await restore(store, self.config.checkpoints_dir)
+        self.restored.save(self.config.local_dir)
+        self._record_restore()
+        self.metrics.restore_seconds.set(self.restored.seconds)
+        self.metrics.torn_skipped.inc(len(self.restored.skipped))
+        if self.restored.step is not None:
+            self._spawn(
+                self.events.post(
+                    events.RESTORED,
+                    f"restored checkpoint-{self.restored.step} from {store.uri} "
+                    f"in {self.restored.seconds:.1f}s",
+                )
+            )
+
+    def _record_restore(self) -> None:
+        self.state.restored = self.restored.answer()
+        self.state.restore_skipped = [
+            {"step": s.step, "reason": s.reason} for s in self.restored.skipped
+        ]
+        if self.restored.step is not None:
+            self.metrics.restored_step.set(self.restored.step)
+
+    async def _serve(self, store: Store) -> int:
+        from sidecar.uploader import Uploader
+
+        cfg = self.config
+        self.uploader = Uploader(store, cfg, self.metrics, self._on_commit)
+        self.state.queue_view = self.uploader.snapshot
+        for job in staging.recover(cfg.staging_dir):
+            log.info("re-queueing checkpoint-%d (%s) left by a previous run", job.step, job.kind)
+            await self.uploader.submit(job)
+        server = ProtocolServer(cfg.socket_path, self)
+        await server.start()
+        upload_task = asyncio.create_task(self.uploader.run())
+        self.state.phase = "ready"
+        self.metrics.ready.set(1)
+        log.info("ready")
+        try:
+            await self._wait_for_stop()
+            self.state.phase = "stopping"
+            await self._drain()
+        finally:
+            upload_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await upload_task
+            await server.close()
+        uncommitted = self.uploader.snapshot()
+        self.state.phase = "stopped"
+        note = ""
+        if uncommitted and self.grace.started:
+            note = "grace deadline reached before every upload was committed"
+        termination.write(self.termination_log, termination.message(self.state, uncommitted, note))
+        if uncommitted:
+            log.error("exiting with uncommitted checkpoints: %s", uncommitted)
+            return EXIT_UNCOMMITTED
+        log.info("all staged checkpoints committed; exiting")
+        return EXIT_OK
+
+    async def _wait_for_stop(self) -> None:
+        while not self._stop.is_set():
+            if self.phase == "run" and self._trainer_gone():
+                log.info("the trainer is gone")
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), POLL_SECONDS)
+
+    def _trainer_gone(self) -> bool:
+        """Legacy run phase: someone connected or registered, and now nobody is left."""
+        pids: list[int] = []
+        if self.config.pids_dir.is_dir():
+            for path in self.config.pids_dir.glob("*.pid"):
+                with contextlib.suppress(ValueError, OSError):
+                    pids.append(int(path.read_text().split()[0]))
+        if pids:
+            self.state.seen_trainer = True
+        if not self.state.seen_trainer:
+            return False
+        if any(not c.said_bye for c in self.state.clients.values()):
+            return False
+        return not any(_alive(pid) for pid in pids)
+
+    def _clients_busy(self) -> bool:
+        return any(not c.said_bye for c in self.state.clients.values())
+
+    async def _drain(self) -> None:
+        """Upload until idle (and no trainer left to stage more), or the grace deadline nears."""
+        while True:
+            if self.uploader.idle and not self._clients_busy():
+                return
+            remaining = self.grace.remaining()
+            if remaining is not None and remaining <= 0:
+                log.error("grace deadline reached; %s", self.uploader.snapshot())
+                return
+            await asyncio.sleep(min(POLL_SECONDS, remaining) if remaining else POLL_SECONDS)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- commits -------------------------------------------------------------
+
+    async def _on_commit(self, job: staging.StagedJob, result: CommitResult) -> None:
+        store = self._store
+        assert store is not None
+        uri = store.uri.rstrip("/") + "/" + mf.checkpoint_dir(job.step)
+        done = Committed(
+            step=job.step,
+            kind=job.kind,
+            uri=uri,
+            time=now_iso(),
+            size=result.size,
+            seconds=round(result.seconds, 3),
+        )
+        self.state.committed.append(done)
+        last = self.state.last_committed
+        if last is None or done.step >= last.step:
+            self.state.last_committed = done
+            self.metrics.last_committed_step.set(done.step)
+        self.metrics.committed.labels(job.kind).inc()
+        self.grace.uploaded(result.size, result.seconds, jit=job.kind == protocol.KIND_JIT)
+        self._check_grace()
+        log.info(
+            "committed checkpoint-%d (%s, %d bytes in %.2fs, %d retries) at %s",
+            job.step,
+            job.kind,
+            result.size,
+            result.seconds,
+            result.retries,
+            uri,
+        )
+        termination.write(self.termination_log, termination.message(self.state, []))
+        await asyncio.to_thread(staging.release, self.config.staging_dir, job)
+        annotation: dict[str, object] = {"step": job.step, "kind": job.kind, "uri": uri}
+        text = f"checkpoint-{job.step} ({job.kind}, {result.size} bytes) committed to {uri}"
+        self._spawn(self.events.post(events.UPLOADED, text, annotation))
+        if job.kind == protocol.KIND_JIT:
+            self._spawn(self.events.post(events.JIT, text))
+        if self.config.retention and self.config.node_rank == 0:
+            await self._apply_retention(store)
+
+    async def _apply_retention(self, store: Store) -> None:
+        protect = {self.restored.step} if self.restored.step is not None else set()
+        try:
+            deleted = await retention.apply(
+                store, self.config.retention, protect, self.config.torn_min_age
+            )
+        except (StoreError, OSError) as exc:
+            log.warning("retention failed (will try after the next commit): %s", exc)
+            return
+        for item in deleted:
+            log.info("retention deleted checkpoint-%d: %s", item.step, item.reason)
+        self.metrics.retention_deleted.inc(len(deleted))
+
+    def _check_grace(self) -> None:
+        short = self.grace.short_by()
+        self.metrics.grace_short_by.set(short or 0)
+        if short is not None and self._grace_warned != round(short):
+            self._grace_warned = round(short)
+            log.warning("%s", self.grace.message())
+
+    # -- protocol handler ----------------------------------------------------
+
+    async def hello(self, pid: int, message: protocol.Message) -> protocol.Message:
+        self.state.clients[pid] = ClientInfo(
+            pid=pid,
+            rank=message.get("rank"),
+            node_rank=message.get("node_rank"),
+            framework=str(message.get("framework") or ""),
+        )
+        self.state.seen_trainer = True
+        return protocol.answer_ok(restored=self.restored.answer())
+
+    async def staged(self, pid: int, message: protocol.Message) -> protocol.Message:
+        try:
+            job = await asyncio.to_thread(
+                staging.accept, self.config.staging_dir, message, time.time()
+            )
+        except staging.StagingError as exc:
+            log.error("refused a staged checkpoint: %s", exc)
+            return protocol.answer_error(str(exc))
+        if job.kind == protocol.KIND_JIT:
+            self.grace.saved()
+        size = sum((job.path / f).stat().st_size for f in job.files)
+        self.grace.last_checkpoint_bytes = size
+        await self.uploader.submit(job)
+        log.info(
+            "accepted checkpoint-%d (%s, %d files, %d bytes)",
+            job.step,
+            job.kind,
+            len(job.files),
+            size,
+        )
+        self._spawn(
+            self.events.post(events.SAVED, f"checkpoint-{job.step} ({job.kind}) saved, uploading")
+        )
+        return protocol.answer_ok(id=job.id)
+
+    async def sigterm(self, pid: int, message: protocol.Message) -> protocol.Message:
+        if not self.grace.started:
+            log.info("the trainer got SIGTERM at step %s: grace clock started", message.get("step"))
+        self.grace.start()
+        return protocol.answer_ok()
+
+    async def progress(self, pid: int, message: protocol.Message) -> None:
+        fields = ("step", "max_steps", "epoch")
+        self.state.progress = {k: message.get(k) for k in fields} | {"time": now_iso()}
+        if isinstance(message.get("step"), int):
+            self.metrics.training_step.set(message["step"])
+
+    async def status(self, pid: int, message: protocol.Message) -> protocol.Message:
+        return protocol.answer_ok(status=self.state.document())
+
+    async def bye(self, pid: int, message: protocol.Message) -> protocol.Message:
+        client = self.state.clients.setdefault(pid, ClientInfo(pid=pid))
+        client.said_bye = True
+        client.exit_code = message.get("exit_code")
+        return protocol.answer_ok()
+
+    async def disconnected(self, pid: int) -> None:
+        client = self.state.clients.get(pid)
+        if client is not None:
+            client.said_bye = True  # a closed connection says the same as bye

@@ -1,0 +1,109 @@
+"""Kubernetes Events and a pod annotation, when the pod's service account may post them.
+
+Reasons: ``Restored``, ``CheckpointSaved`` (a checkpoint was staged),
+``CheckpointUploaded`` (committed), ``JITCheckpoint`` (the JIT one committed).
+Posting needs the in-cluster config and RBAC (the ClusterRole
+``jitckpt-reporter``); without either, the first attempt logs one line saying
+why and every later one is skipped quietly. The termination message carries
+the essentials without any RBAC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ANNOTATION = "jitckpt.io/last-checkpoint"  # on the pod: the newest committed checkpoint
+COMPONENT = "jitckpt-agent"
+RESTORED = "Restored"
+SAVED = "CheckpointSaved"
+UPLOADED = "CheckpointUploaded"
+JIT = "JITCheckpoint"
+
+
+class EventPoster:
+    def __init__(self, namespace: str, pod: str, env: Mapping[str, str] | None = None) -> None:
+        self._namespace = namespace
+        self._pod = pod
+        self._env = os.environ if env is None else env
+        self._api: Any = None
+        self.disabled_reason: str | None = None
+
+    def _disable(self, reason: str) -> None:
+        self.disabled_reason = reason
+        log.info("Kubernetes Events off: %s", reason)
+
+    def _connect(self) -> Any:
+        if self._api is not None or self.disabled_reason is not None:
+            return self._api
+        if not self._namespace or not self._pod:
+            self._disable("pod name or namespace unknown (JITCKPT_POD_NAME/_NAMESPACE unset)")
+            return None
+        if not self._env.get("KUBERNETES_SERVICE_HOST"):
+            self._disable("not running in a cluster (no KUBERNETES_SERVICE_HOST)")
+            return None
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as exc:
+            self._disable(f"no in-cluster config: {exc}")
+            return None
+        self._api = client.CoreV1Api()
+        return self._api
+
+    def _post(self, reason: str, message: str, annotation: dict[str, object] | None) -> None:
+        api = self._connect()
+        if api is None:
+            return
+        from kubernetes.client.rest import ApiException
+
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "metadata": {"generateName": f"{self._pod}.", "namespace": self._namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": self._pod,
+                "namespace": self._namespace,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._pod,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            api.create_namespaced_event(self._namespace, body)
+            if annotation is not None:
+                patch = {"metadata": {"annotations": {ANNOTATION: json.dumps(annotation)}}}
+                api.patch_namespaced_pod(self._pod, self._namespace, patch)
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                self._disable(
+                    f"not permitted ({exc.status}): bind the ClusterRole jitckpt-reporter "
+                    "to the pod's service account"
+                )
+            else:
+                self._disable(f"API error {exc.status}: {exc.reason}")
+        except Exception as exc:
+            self._disable(f"API unreachable: {exc}")
+
+    async def post(
+        self, reason: str, message: str, annotation: dict[str, object] | None = None
+    ) -> None:
+        """Post one Event (and annotate the pod); never raises, never blocks the loop."""
+        if self.disabled_reason is not None:
+            return
+        await asyncio.to_thread(self._post, reason, message, annotation)

@@ -1,0 +1,58 @@
+"""The container's termination message: what ``kubectl describe pod`` shows, no RBAC needed.
+
+One short JSON object (the kubelet keeps at most 4096 bytes): the last
+committed checkpoint, what was left uncommitted, and the grace-period report
+when the grace period is too short for the measured checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from sidecar.state import AgentState
+
+LIMIT = 4096
+
+log = logging.getLogger(__name__)
+
+
+def message(state: AgentState, uncommitted: list[dict[str, object]], note: str = "") -> str:
+    last = state.last_committed
+    summary = (
+        f"last committed checkpoint: step {last.step} ({last.kind}) at {last.uri}"
+        if last
+        else "no checkpoint committed by this pod"
+    )
+    if uncommitted:
+        steps = ", ".join(f"{u['step']} ({u['kind']})" for u in uncommitted)
+        summary += f"; NOT committed: {steps}"
+    grace = state.grace.message()
+    if grace:
+        summary += f"; {grace}"
+    if note:
+        summary += f"; {note}"
+    doc: dict[str, object] = {
+        "message": summary,
+        "last_committed": (
+            {"step": last.step, "kind": last.kind, "uri": last.uri, "time": last.time}
+            if last
+            else None
+        ),
+        "restored_step": (state.restored or {}).get("step"),
+        "uncommitted": uncommitted,
+        "grace_short_by_seconds": state.grace.report()["short_by_seconds"],
+    }
+    text = json.dumps(doc, separators=(",", ":"))
+    if len(text.encode()) > LIMIT:
+        text = json.dumps({"message": summary[: LIMIT - 32]})
+    return text
+
+
+def write(path: Path, text: str) -> None:
+    """Best effort: a missing terminationMessagePath must not crash the shutdown."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        log.warning("cannot write the termination message to %s: %s", path, exc)

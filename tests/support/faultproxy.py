@@ -1,0 +1,321 @@
+"""A real HTTP proxy on 127.0.0.1 that injects S3 faults in front of a real server (moto).
+
+Clients talk to ``proxy.endpoint`` as if it were the S3 endpoint; every
+request is forwarded to ``upstream`` unless a programmed fault matches it.
+Faults are consumed in the order they were added, each for ``times``
+matching requests (method and/or a regex searched in the request target,
+e.g. ``"partNumber="`` for multipart parts):
+
+- ``fail(status=503, code="SlowDown")``: answer with an S3 XML error body;
+- ``reset(during="request")``: read half the request body, then RST the
+  connection; ``during="response"``: forward, send the headers and half the
+  body back, then RST;
+- ``stall(seconds)``: hold the request that long without answering, then
+  drop the connection (the client's read timeout fires first).
+
+It runs its own event loop in a daemon thread, so synchronous tests, asyncio
+code and child processes (pointed at ``endpoint``) can all use it::
+
+    with FaultProxy(local_s3.endpoint) as proxy:
+        proxy.fail(503, "SlowDown", times=3, method="PUT")
+        ...  # S3 clients use proxy.endpoint
+        assert proxy.injected("SlowDown") == 3
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+from urllib.parse import urlsplit
+
+FaultKind = Literal["status", "reset", "stall"]
+
+REASONS = {500: "Internal Server Error", 503: "Service Unavailable", 429: "Too Many Requests"}
+
+
+@dataclass
+class Fault:
+    kind: FaultKind
+    times: int
+    method: str | None = None
+    path: str | None = None
+    status: int = 503
+    code: str = "SlowDown"
+    during: Literal["request", "response"] = "request"
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.code if self.kind == "status" else f"{self.kind}-{self.during}"
+
+    def matches(self, method: str, target: str) -> bool:
+        if self.method and self.method.upper() != method:
+            return False
+        return not (self.path and not re.search(self.path, target))
+
+
+@dataclass
+class Request:
+    """One request the proxy saw, and the fault it got (None: forwarded)."""
+
+    method: str
+    target: str
+    fault: str | None
+
+
+@dataclass
+class FaultProxy:
+    upstream: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    requests: list[Request] = field(default_factory=list)
+    _faults: list[Fault] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _server: asyncio.AbstractServer | None = None
+
+    # -- programming faults --------------------------------------------------
+
+    def fail(
+        self,
+        status: int = 503,
+        code: str = "SlowDown",
+        times: int = 1,
+        method: str | None = None,
+        path: str | None = None,
+    ) -> None:
+        self._add(Fault("status", times, method, path, status=status, code=code))
+
+    def reset(
+        self,
+        times: int = 1,
+        method: str | None = None,
+        path: str | None = None,
+        during: Literal["request", "response"] = "request",
+    ) -> None:
+        self._add(Fault("reset", times, method, path, during=during))
+
+    def stall(
+        self, seconds: float, times: int = 1, method: str | None = None, path: str | None = None
+    ) -> None:
+        self._add(Fault("stall", times, method, path, seconds=seconds))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def pending(self) -> int:
+        """Fault injections still armed."""
+        with self._lock:
+            return sum(f.times for f in self._faults)
+
+    def injected(self, label: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for r in self.requests if r.fault and label in (None, r.fault))
+
+    def _add(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def _take(self, method: str, target: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.times > 0 and fault.matches(method, target):
+                    fault.times -= 1
+                    if fault.times == 0:
+                        self._faults.remove(fault)
+                    self.requests.append(Request(method, target, fault.label))
+                    return fault
+            self.requests.append(Request(method, target, None))
+            return None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> FaultProxy:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        def main() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._handle, self.host, self.port)
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=main, name="faultproxy", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fault proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- HTTP ----------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Serve one request; False when the client connection is done."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        method, target, headers = _parse_head(head)
+        fault = self._take(method, target)
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await writer.drain()
+            head = _drop_header(head, "expect")
+        if fault is not None and fault.kind == "reset" and fault.during == "request":
+            length = int(headers.get("content-length", "0"))
+            await reader.readexactly(length // 2)
+            _abort(writer)
+            return False
+        body = await _read_body(reader, headers, method, None)
+        if fault is not None and fault.kind == "status":
+            writer.write(_error_response(fault, method))
+            await writer.drain()
+            return True
+        if fault is not None and fault.kind == "stall":
+            await asyncio.sleep(fault.seconds)
+            _abort(writer)
+            return False
+        response_head, response_body = await self._forward(head, body, method)
+        if fault is not None and fault.kind == "reset":
+            writer.write(response_head + response_body[: len(response_body) // 2])
+            await writer.drain()
+            _abort(writer)
+            return False
+        writer.write(response_head + response_body)
+        await writer.drain()
+        keep = b"connection: close" not in response_head.lower()
+        return keep and not response_head.startswith(b"HTTP/1.0")
+
+    async def _forward(self, head: bytes, body: bytes, method: str) -> tuple[bytes, bytes]:
+        parts = urlsplit(self.upstream)
+        up_reader, up_writer = await asyncio.open_connection(parts.hostname, parts.port)
+        try:
+            up_writer.write(head + body)
+            await up_writer.drain()
+            response_head = await up_reader.readuntil(b"\r\n\r\n")
+            status = int(response_head.split(b" ", 2)[1])
+            _, _, headers = _parse_head(response_head)
+            response_body = await _read_body(up_reader, headers, method, status)
+        finally:
+            up_writer.close()
+        return response_head, response_body
+
+
+def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    first = lines[0].split(" ")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    return first[0].upper(), first[1] if len(first) > 1 else "", headers
+
+
+def _drop_header(head: bytes, name: str) -> bytes:
+    lines = head.split(b"\r\n")
+    kept = [ln for ln in lines if not ln.lower().startswith(name.encode() + b":")]
+    return b"\r\n".join(kept)
+
+
+async def _read_body(
+    reader: asyncio.StreamReader, headers: dict[str, str], method: str, status: int | None
+) -> bytes:
+    """The raw body bytes (chunk framing kept), for a request (status None) or a response."""
+    if status is not None and (method == "HEAD" or status in (204, 304) or status < 200):
+        return b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raw = bytearray()
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            raw += size_line
+            size = int(size_line.split(b";")[0].strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            raw += chunk
+            if size == 0:
+                while chunk != b"\r\n":  # trailers, then the empty line
+                    chunk = await reader.readuntil(b"\r\n")
+                    raw += chunk
+                return bytes(raw)
+    if "content-length" in headers:
+        return await reader.readexactly(int(headers["content-length"]))
+    if status is None:
+        return b""
+    return await reader.read()
+
+
+def _error_response(fault: Fault, method: str) -> bytes:
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{fault.code}</Code><Message>injected by the fault proxy</Message>"
+        "<RequestId>faultproxy</RequestId></Error>"
+    ).encode()
+    reason = REASONS.get(fault.status, "Error")
+    head = (
+        f"HTTP/1.1 {fault.status} {reason}\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(body)}\r\nx-amz-request-id: faultproxy\r\n\r\n"
+    ).encode()
+    return head if method == "HEAD" else head + body
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST, as a dropped connection looks to the client."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
