@@ -87,16 +87,45 @@ def _pod_shape_problem(obj: Any) -> str | None:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return "the pod has no spec"
-    for key in ("containers", "initContainers"):
-        items = spec.get(key) or []
-        if not isinstance(items, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("name"), str) for c in items
-        ):
-            return f"spec.{key} is not a list of named containers"
+    for key in ("containers", "initContainers", "volumes"):
+        if key in spec and not _named_list(spec[key]):
+            return f"spec.{key} is not a list of named items"
     if not spec.get("containers"):
         return "the pod has no containers"
-    if not isinstance(spec.get("volumes") or [], list):
-        return "spec.volumes is not a list"
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
+        return "spec.terminationGracePeriodSeconds is not an integer"
+    for container in spec["containers"] + (spec.get("initContainers") or []):
+        problem = _container_shape_problem(container)
+        if problem:
+            return f"container {container['name']!r}: {problem}"
+    return None
+
+
+def _named_list(value: Any) -> bool:
+    """A list of objects that each have a string ``name``.
+
+    An explicit null is refused too: the API server never sends one (it
+    re-serializes objects before calling webhooks), and the mutation extends
+    these lists in place.
+    """
+    return isinstance(value, list) and all(
+        isinstance(item, dict) and isinstance(item.get("name"), str) for item in value
+    )
+
+
+def _container_shape_problem(container: dict[str, Any]) -> str | None:
+    """The fields the mutation reads or extends must have their API types."""
+    for key in ("env", "volumeMounts"):
+        if key in container and not _named_list(container[key]):
+            return f"{key} is not a list of named items"
+    for key in ("envFrom", "ports"):
+        items = container.get(key, [])
+        if not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
+            return f"{key} is not a list of objects"
+    for key in ("lifecycle", "securityContext", "resources", "startupProbe"):
+        if key in container and not isinstance(container[key], dict):
+            return f"{key} is not an object"
     return None
 
 

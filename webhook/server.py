@@ -169,8 +169,11 @@ class AdmissionHandler:
             )
         reason = result.skip_reason or "unknown"
         warnings = list(result.warnings)
-        if reason not in QUIET_SKIPS and result.message and result.message not in warnings:
-            warnings.insert(0, f"jitckpt: {result.message}")
+        if reason not in QUIET_SKIPS and result.message:
+            # The message already quotes the setting errors; do not repeat them.
+            warnings = [f"jitckpt: {result.message}"] + [
+                w for w in warnings if w not in result.message
+            ]
         self.metrics.skipped.labels(reason=reason).inc()
         log.info("skipped", extra={"fields": {**fields, "reason": reason, "msg": result.message}})
         return 200, review(req.uid, warnings=warnings)
