@@ -358,6 +358,7 @@ class Agent:
             self.grace.saved()
         size = sum((job.path / f).stat().st_size for f in job.files)
         self.grace.last_checkpoint_bytes = size
+        self._check_grace()
         await self.uploader.submit(job)
         log.info(
             "accepted checkpoint-%d (%s, %d files, %d bytes)",

@@ -51,15 +51,21 @@ class GraceClock:
         if jit:
             self.jit_upload_seconds = seconds
 
+    def upload_estimate(self) -> float | None:
+        """Seconds the newest checkpoint takes to upload: measured for the JIT one, else from
+        the last upload's throughput; None before any upload."""
+        if self.jit_upload_seconds is not None:
+            return self.jit_upload_seconds
+        if self.upload_bytes_per_second and self.last_checkpoint_bytes:
+            return self.last_checkpoint_bytes / self.upload_bytes_per_second
+        return None
+
     def needed(self) -> float | None:
         """Estimated SIGTERM-to-committed seconds, or None before anything was measured."""
-        if self.jit_upload_seconds is not None:
-            upload = self.jit_upload_seconds
-        elif self.upload_bytes_per_second and self.last_checkpoint_bytes:
-            upload = self.last_checkpoint_bytes / self.upload_bytes_per_second
-        else:
+        upload = self.upload_estimate()
+        if upload is None and self.save_seconds is None:
             return None
-        return (self.save_seconds or 0.0) + upload
+        return (self.save_seconds or 0.0) + (upload or 0.0)
 
     def short_by(self) -> float | None:
         """How many seconds the grace period lacks (positive), or None when it is enough."""
@@ -76,7 +82,7 @@ class GraceClock:
             "grace_seconds": self.grace_seconds,
             "margin_seconds": self.margin,
             "save_seconds": _round(self.save_seconds),
-            "upload_seconds": _round(self.jit_upload_seconds),
+            "upload_seconds": _round(self.upload_estimate()),
             "needed_seconds": _round(needed),
             "short_by_seconds": _round(short),
             "message": self.message(),
@@ -85,15 +91,15 @@ class GraceClock:
 
     def message(self) -> str:
         short = self.short_by()
-        needed = self.needed()
-        if short is None or needed is None:
+        if short is None:
             return ""
-        save = f"save {self.save_seconds:.1f} s + " if self.save_seconds is not None else ""
+        save = "not measured" if self.save_seconds is None else f"{self.save_seconds:.1f} s"
+        upload = self.upload_estimate()
+        uploaded = "not measured yet" if upload is None else f"{upload:.1f} s"
         return (
-            f"grace period {self.grace_seconds:.0f} s is too short for the measured checkpoint: "
-            f"{save}upload {needed - (self.save_seconds or 0.0):.1f} s + margin "
-            f"{self.margin:.0f} s; raise jitckpt.io/grace-period-seconds by at least "
-            f"{math.ceil(short)} s"
+            f"grace period {self.grace_seconds:g} s is too short for the measured checkpoint "
+            f"(save {save} + upload {uploaded} + margin {self.margin:g} s): raise "
+            f"jitckpt.io/grace-period-seconds by at least {math.ceil(short)} s"
         )
 
 

@@ -40,3 +40,18 @@ async def commit(
         pod="pod-a",
         job="job-1",
     )
+
+
+def stage(staging_root: Path, name: str, sizes: dict[str, int]) -> tuple[Path, list[str]]:
+    """A staging dir as the shim makes it: dirs 0777 (sidecar may be another uid)."""
+    directory = staging_root / name
+    directory.mkdir(parents=True, mode=0o777)
+    os.chmod(directory, 0o777)
+    files = []
+    for relative, size in sizes.items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o777)
+        path.write_bytes(os.urandom(size))
+        files.append(relative)
+    return directory, files

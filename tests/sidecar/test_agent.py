@@ -1,0 +1,260 @@
+"""The real ``jitckpt agent`` process, spoken to with the shim's own protocol client."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shim import protocol
+from sidecar.config import AgentConfig
+from sidecar.demo.s3server import LocalS3
+from sidecar.storage.factory import open_store
+from sidecar.validity import CheckpointState, scan
+from tests.sidecar.agentproc import AgentProcess
+from tests.sidecar.helpers import commit, make_checkpoint, stage
+
+
+def _states(destination: str, env: dict[str, str], pvc: Path) -> dict[int, CheckpointState]:
+    config = AgentConfig(destination=destination, pvc_mount=pvc)
+
+    async def main() -> dict[int, CheckpointState]:
+        async with open_store(config) as store:
+            return {s.step: s async for s in scan(store)}
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def agent(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> Iterator[AgentProcess]:
+    proc = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/team/ns-a/job-1", s3_env=s3_env)
+    yield proc
+    proc.kill()
+
+
+def _seed(agent: AgentProcess, tmp_path: Path) -> Path:
+    """A valid checkpoint-10 and a torn checkpoint-20 already in the store."""
+    config = AgentConfig(destination=agent.destination)
+    good = make_checkpoint(tmp_path, 10, {"model.bin": 1000, "trainer_state.json": 20})
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            await commit(store, good, 10)
+            await commit(store, make_checkpoint(tmp_path, 20, {"a": 1}), 20, nnodes=2)
+
+    asyncio.run(main())
+    return good
+
+
+def test_lifecycle_restore_upload_status_and_stop(agent: AgentProcess, tmp_path: Path) -> None:
+    good = _seed(agent, tmp_path)
+    agent.start()
+    agent.wait_ready()
+    assert agent.get("/healthz")[0] == 200
+
+    # Shim copied, world-readable for a trainer of another uid.
+    copied = agent.shim_target / "protocol.py"
+    assert copied.read_bytes() == Path(protocol.__file__).read_bytes()
+    assert stat.S_IMODE(copied.stat().st_mode) == 0o644
+    assert not list(agent.shim_target.rglob("*.pyc"))
+    # Shared dirs the trainer writes into.
+    assert stat.S_IMODE(agent.staging.stat().st_mode) == 0o777
+    assert stat.S_IMODE(agent.socket.stat().st_mode) == 0o666
+
+    client = protocol.Client(str(agent.socket))
+    hello = client.call(
+        protocol.OP_HELLO,
+        pid=4242,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        node_rank=0,
+        nnodes=1,
+        framework="transformers",
+    )
+    restored_path = agent.local_dir / "checkpoints" / "checkpoint-10"
+    assert hello["ok"] is True
+    assert hello["restored"] == {"step": 10, "path": str(restored_path)}
+    assert (restored_path / "model.bin").read_bytes() == (good / "model.bin").read_bytes()
+    status = agent.status()
+    assert status["restore_skipped"] == [
+        {"step": 20, "reason": "manifests from 1 of 2 nodes (missing node-1)"}
+    ]
+
+    # Unknown op and malformed lines get an error answer; the connection stays usable.
+    assert client.call("teleport")["error"] == "unknown op 'teleport'"
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.connect(str(agent.socket))
+        raw.sendall(b"not json\n")
+        assert b'"ok":false' in raw.recv(4096)
+
+    client.send(protocol.OP_PROGRESS, step=31, max_steps=100, epoch=0.3)
+    directory, files = stage(
+        agent.staging, "checkpoint-30-periodic-1", {"w.bin": 7 * 1024 * 1024, "s/x": 5}
+    )
+    answer = client.call(
+        protocol.OP_STAGED, step=30, kind="periodic", dir=str(directory), files=files
+    )
+    assert answer["ok"] is True, answer
+    agent.wait_for(lambda: agent.committed_step() == 30, 30, "checkpoint-30 committed")
+    agent.wait_for(lambda: not directory.exists(), 10, "staging links removed")
+    status = agent.status()
+    assert status["progress"]["step"] == 31
+    assert status["last_committed"]["uri"] == f"{agent.destination}/checkpoint-30"
+    metrics = agent.get("/metrics")[1]
+    assert "jitckpt_last_committed_step 30.0" in metrics
+    assert "jitckpt_restored_step 10.0" in metrics
+    assert 'jitckpt_checkpoints_committed_total{kind="periodic"} 1.0' in metrics
+    assert agent.termination()["last_committed"]["step"] == 30
+
+    # A staged request outside the staging dir is refused.
+    refused = client.call(protocol.OP_STAGED, step=1, kind="jit", dir=str(tmp_path), files=[])
+    assert refused["ok"] is False and "not a directory directly under" in refused["error"]
+
+    # Preemption: the trainer's sigterm, its JIT save, its exit; then the kubelet's SIGTERM.
+    assert client.call(protocol.OP_SIGTERM, step=35)["ok"] is True
+    directory, files = stage(agent.staging, "checkpoint-35-jit-1", {"w.bin": 300})
+    assert client.call(protocol.OP_STAGED, step=35, kind="jit", dir=str(directory), files=files)[
+        "ok"
+    ]
+    assert client.call(protocol.OP_BYE, exit_code=143)["ok"] is True
+    client.close()
+    assert agent.terminate() == 0
+    message = agent.termination()
+    assert message["last_committed"]["step"] == 35
+    assert message["last_committed"]["kind"] == "jit"
+    assert message["uncommitted"] == []
+    assert "last committed checkpoint: step 35 (jit)" in message["message"]
+    states = _states(agent.destination, agent.s3_env, tmp_path)
+    assert states[35].valid and states[30].valid
+    assert not directory.exists() and not list(agent.staging.iterdir())
+    log = agent.log()
+    assert log.count("Kubernetes Events off") == 1, log
+    assert "not running in a cluster" in log
+
+
+def test_many_concurrent_clients(agent: AgentProcess) -> None:
+    agent.start()
+    agent.wait_ready()
+    errors: list[BaseException] = []
+
+    def worker(rank: int) -> None:
+        try:
+            client = protocol.Client(str(agent.socket))
+            assert client.call(protocol.OP_HELLO, pid=1000 + rank, rank=rank)["restored"] is None
+            for step in range(20):
+                client.send(protocol.OP_PROGRESS, step=step)
+                assert client.call(protocol.OP_STATUS)["status"]["phase"] == "ready"
+            assert client.call(protocol.OP_BYE, exit_code=0)["ok"]
+            client.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert sorted(c["pid"] for c in agent.status()["clients"]) == list(range(1000, 1008))
+    assert agent.terminate() == 0
+
+
+def test_sigkill_mid_upload_then_restart_finishes(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    from tests.support.faultproxy import FaultProxy
+
+    with FaultProxy(local_s3.endpoint) as proxy:
+        env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=env)
+        try:
+            agent.start()
+            agent.wait_ready()
+            proxy.stall(60, times=1000, path="partNumber=")
+            client = protocol.Client(str(agent.socket))
+            client.call(protocol.OP_HELLO, pid=77)
+            directory, files = stage(
+                agent.staging, "checkpoint-50-jit-9", {"model.bin": 12 * 1024 * 1024}
+            )
+            source = (directory / "model.bin").read_bytes()
+            assert client.call(
+                protocol.OP_STAGED, step=50, kind="jit", dir=str(directory), files=files
+            )["ok"]
+            agent.wait_for(lambda: proxy.injected("stall-request") > 0, 20, "an upload in flight")
+            agent.kill()
+            client.close()
+            assert directory.is_dir() and (agent.staging / "checkpoint-50-jit-9.job.json").is_file()
+            assert (
+                50 not in _states(agent.destination, env, tmp_path)
+                or not _states(agent.destination, env, tmp_path)[50].valid
+            )
+
+            proxy.clear()
+            agent.start()
+            agent.wait_ready()
+            agent.wait_for(lambda: agent.committed_step() == 50, 60, "the re-queued upload")
+            assert "re-queueing checkpoint-50 (jit)" in agent.log()
+            agent.wait_for(lambda: not directory.exists(), 10, "staging removed")
+            assert agent.terminate() == 0
+        finally:
+            agent.kill()
+        # A fresh restore gets exactly the bytes the trainer staged.
+        second = AgentProcess(root=tmp_path / "next-pod", destination=agent.destination, s3_env=env)
+        second.root.mkdir()
+        try:
+            second.start()
+            second.wait_ready()
+            restored = second.local_dir / "checkpoints" / "checkpoint-50" / "model.bin"
+            assert restored.read_bytes() == source
+            assert second.terminate() == 0
+        finally:
+            second.kill()
+
+
+def test_verify_access_fails_fast(
+    tmp_path: Path, local_s3: LocalS3, s3_env: dict[str, str]
+) -> None:
+    missing = f"nope-{uuid.uuid4().hex[:8]}"
+    agent = AgentProcess(root=tmp_path, destination=f"s3://{missing}/ns/job", s3_env=s3_env)
+    agent.start()
+    try:
+        assert agent.wait(30) == 3
+    finally:
+        agent.kill()
+    message = agent.termination()["message"]
+    assert f"cannot list in s3://{missing}/ns/job" in message
+    assert "NoSuchBucket" in message
+
+
+def test_grace_too_short_is_reported(agent: AgentProcess) -> None:
+    agent.extra_env = {"JITCKPT_GRACE_SECONDS": "2", "JITCKPT_GRACE_MARGIN": "0.5"}
+    agent.start()
+    agent.wait_ready()
+    client = protocol.Client(str(agent.socket))
+    client.call(protocol.OP_HELLO, pid=5)
+    directory, files = stage(agent.staging, "p", {"w": 200_000})
+    client.call(protocol.OP_STAGED, step=1, kind="periodic", dir=str(directory), files=files)
+    agent.wait_for(lambda: agent.committed_step() == 1, 20, "periodic commit")
+    client.call(protocol.OP_SIGTERM, step=2)
+    time.sleep(1.8)  # a save that takes most of the grace period
+    directory, files = stage(agent.staging, "j", {"w": 200_000})
+    client.call(protocol.OP_STAGED, step=2, kind="jit", dir=str(directory), files=files)
+    grace = agent.status()["grace"]
+    assert grace["short_by_seconds"] > 0
+    assert grace["save_seconds"] >= 1.8
+    client.close()
+    agent.terminate()
+    message = agent.termination()["message"]
+    assert "grace period 2 s is too short for the measured checkpoint" in message
+    assert "raise jitckpt.io/grace-period-seconds by at least 1 s" in message
+    assert "too short" in agent.log()
