@@ -29,6 +29,13 @@ from webhook.status import (
 )
 
 STATUS_PORT_NAME = "jitckpt-status"
+# WebhookConfig fields recorded in the status "config" next to the settings, so
+# an audit can rebuild exactly what was injected.
+CONFIG_FIELDS = {
+    "sidecar-image": "sidecar_image",
+    "sidecar-image-pull-policy": "sidecar_image_pull_policy",
+    "sidecar-user-id": "sidecar_user_id",
+}
 PYTHONPATH = "PYTHONPATH"
 DEFAULT_GRACE = 30  # what Kubernetes uses when the pod says nothing
 # The startupProbe gates the trainer until the restore is done; a large
@@ -282,7 +289,7 @@ def build(
         jobKind=trainer.kind,
         jobName=trainer.job_name,
         destination=root,
-        config={**values, "sidecar-image": config.sidecar_image},
+        config={**values, **{k: str(getattr(config, a)) for k, a in CONFIG_FIELDS.items()}},
         configSources={k: v for k, v in sources.items() if k in values},
     )
     if grace != before:

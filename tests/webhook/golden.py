@@ -29,6 +29,10 @@ from webhook.mutate import SKIP_NOT_OPTED_IN, MutationResult, NamespaceInfo
 
 INJECT_DIR = Path(__file__).parent / "testdata" / "inject"
 SUFFIXES = (".in.yaml", ".config.yaml", ".out.yaml", ".result.yaml")
+# Whole-command goldens for ``jitckpt inject`` on objects that are not pods
+# (PyTorchJob, TrainJob): <case>.in.yaml -> <case>.out.yaml + <case>.stderr.
+CLI_DIR = Path(__file__).parent / "testdata" / "cli"
+CLI_SUFFIXES = (".in.yaml", ".out.yaml", ".stderr")
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,33 @@ def discover() -> list[Case]:
     return [_case(p) for p in sorted(INJECT_DIR.glob("*.in.yaml"))]
 
 
-def unused_files() -> list[Path]:
-    """Files in ``testdata/inject`` that belong to no case (stale goldens)."""
-    names = {c.name for c in discover()}
+def cli_cases() -> list[Path]:
+    """The input files of the whole-command cases."""
+    return sorted(CLI_DIR.glob("*.in.yaml"))
+
+
+def _unused(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    names = {p.name.removesuffix(".in.yaml") for p in directory.glob("*.in.yaml")}
     unused = []
-    for path in sorted(INJECT_DIR.iterdir()):
-        suffix = next((s for s in SUFFIXES if path.name.endswith(s)), None)
+    for path in sorted(directory.iterdir()):
+        suffix = next((s for s in suffixes if path.name.endswith(s)), None)
         if suffix is None or path.name.removesuffix(suffix) not in names:
             unused.append(path)
     return unused
+
+
+def unused_files() -> list[Path]:
+    """Files in the golden directories that belong to no case (stale goldens)."""
+    return _unused(INJECT_DIR, SUFFIXES) + _unused(CLI_DIR, CLI_SUFFIXES)
+
+
+def check_text(path: Path, actual: str, update: bool = False) -> None:
+    """Compare text output with the golden file ``path`` (or rewrite it)."""
+    if update:
+        path.write_text(actual)
+        return
+    assert path.exists(), f"{path.name} is missing: run pytest with --update-golden"
+    assert actual == path.read_text(), f"{path.name} differs (--update-golden if intended)"
 
 
 def summarize(result: MutationResult) -> dict[str, Any]:

@@ -1,0 +1,146 @@
+"""``jitckpt audit`` on what ``kubectl get -o yaml`` returns: injected, version, drift."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.webhook.cli_support import jitckpt
+from tests.webhook.golden import discover
+from webhook.config import WebhookConfig
+from webhook.drift import audit_pod, differences
+from webhook.mutate import mutate
+
+CASES = {c.name: c for c in discover()}
+
+
+def injected(name: str) -> dict[str, Any]:
+    case = CASES[name]
+    return mutate(case.pod, case.namespace, case.config, require_opt_in=True).pod
+
+
+def as_live(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as ``kubectl get -o yaml`` shows it: scheduled, defaulted, with status."""
+    live = copy.deepcopy(pod)
+    live["metadata"].update({"uid": "0c5d", "resourceVersion": "1234", "creationTimestamp": "x"})
+    live["spec"]["nodeName"] = "gpu-node-7"
+    for container in live["spec"].get("initContainers", []) + live["spec"]["containers"]:
+        container.setdefault("terminationMessagePolicy", "File")
+        for probe in ("startupProbe",):
+            if probe in container:
+                container[probe]["httpGet"].setdefault("host", "")
+        for section in ("requests", "limits"):
+            quantities = (container.get("resources") or {}).get(section) or {}
+            if quantities.get("cpu") == "1":
+                quantities["cpu"] = "1000m"  # a quantity the server may rewrite
+    live["status"] = {"phase": "Running", "podIP": "10.0.0.7"}
+    return live
+
+
+def doc_stream(*docs: dict[str, Any]) -> str:
+    return yaml.safe_dump_all(list(docs), sort_keys=False)
+
+
+def test_differences_ignores_defaults_and_equal_quantities() -> None:
+    assert differences({"a": {"cpu": "0.5"}}, {"a": {"cpu": "500m"}, "b": 1}, "x") == []
+    assert differences({"a": [1, 2]}, {"a": [1, 3]}, "x") == ["x.a[1]"]
+    assert differences({"a": 1}, {}, "x") == ["x.a"]
+
+
+def test_clean_live_pod_has_no_drift() -> None:
+    pod = as_live(injected("all-settings"))
+    row = audit_pod(pod, CASES["all-settings"].namespace, WebhookConfig())
+    assert row.injected and row.drift == [], row.notes
+    assert row.destination == "s3://other-bucket/exp/2026/team-a/gpt-small"
+    assert row.secret == "other-s3" and row.grace_period_seconds == 1200
+
+
+@pytest.mark.parametrize(
+    ("edit", "note"),
+    [
+        (lambda p: p["spec"]["initContainers"][0].update(image="evil/agent:1"), "changed"),
+        (lambda p: p["spec"]["containers"][0]["env"].pop(), "containers/pytorch changed"),
+        (lambda p: p["spec"]["volumes"].pop(), "volumes/jitckpt-shim removed"),
+        (lambda p: p["spec"].update(terminationGracePeriodSeconds=31), "terminationGrace"),
+    ],
+)
+def test_edited_injection_is_drift(edit: Any, note: str) -> None:
+    pod = as_live(injected("pytorchjob-master"))
+    edit(pod)
+    row = audit_pod(pod, CASES["pytorchjob-master"].namespace, WebhookConfig())
+    assert "edited" in row.drift
+    assert any(note in n for n in row.notes), row.notes
+
+
+def test_config_change_is_drift_and_namespace_settings_can_be_assumed() -> None:
+    pod = as_live(injected("pytorchjob-master"))
+    same = audit_pod(pod, None, WebhookConfig())
+    assert same.drift == [], same.notes
+    assert any("not in the input" in n for n in same.notes)
+    changed = audit_pod(pod, None, WebhookConfig(sidecar_image="ghcr.io/jitckpt/x:0.2.0"))
+    assert changed.drift == ["config"]
+
+
+def test_cli_table_and_json(tmp_path: Path) -> None:
+    clean = as_live(injected("pytorchjob-worker"))
+    drifted = as_live(injected("pytorchjob-master"))
+    drifted["spec"]["initContainers"][0]["image"] = "docker.io/someone/agent:latest"
+    legacy = as_live(injected("legacy-mode"))
+    plain = CASES["skip-plain-pod"].pod
+    not_yet = CASES["trainjob-node"].pod  # opted-in namespace, not injected: missing
+    # Only team-b's Namespace document: team-a's settings are taken as recorded.
+    namespaces = [
+        d
+        for d in yaml.safe_load_all(CASES["trainjob-node"].input_path.read_text())
+        if d and d["kind"] == "Namespace"
+    ]
+    listing = {"apiVersion": "v1", "kind": "List", "items": [clean, drifted, legacy, plain]}
+    path = tmp_path / "pods.yaml"
+    path.write_text(doc_stream(*namespaces, listing, not_yet))
+
+    table = jitckpt("audit", "-f", str(path))
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == [
+        "NAMESPACE", "POD", "INJECTED", "VERSION", "MODE", "DESTINATION", "SECRET", "GRACE", "DRIFT"
+    ]  # fmt: skip
+    rows = {line.split()[1]: line.split() for line in lines[1:]}
+    assert rows["bert-ft-worker-1"][2:] == [
+        "yes", "0.1.0", "native", "s3://ml-checkpoints/team-a/team-a/bert-ft", "team-a-s3",
+        "600", "no",
+    ]  # fmt: skip
+    assert rows["bert-ft-master-0"][-1] == "edited"
+    assert rows["gpt-small-master-0"][4] == "legacy"
+    assert rows["gpt-small-master-0"][-1] == "no"
+    assert rows["notebook-0"][2:] == ["no", "-", "-", "-", "-", "-", "-"]
+    assert rows["llama-sft-node-0-1-*"][2] == "no" and rows["llama-sft-node-0-1-*"][-1] == "missing"
+
+    as_json = jitckpt("audit", "-f", str(path), "--json")
+    assert as_json.returncode == 0
+    by_pod = {r["pod"]: r for r in json.loads(as_json.stdout)}
+    assert by_pod["bert-ft-master-0"]["drift"] == ["edited"]
+    assert any(
+        "initContainers/jitckpt-agent changed" in n for n in by_pod["bert-ft-master-0"]["notes"]
+    )
+    assert by_pod["bert-ft-worker-1"]["grace_period_seconds"] == 600
+
+    config = tmp_path / "config.yaml"
+    config.write_text("defaults:\n  s3-retention: 5\n")
+    newer = jitckpt("audit", "-f", str(path), "--json", "--config", str(config))
+    by_pod = {r["pod"]: r for r in json.loads(newer.stdout)}
+    assert by_pod["bert-ft-worker-1"]["drift"] == ["config"]
+
+
+def test_cli_reads_json_lists_and_flags_unverifiable_pods(tmp_path: Path) -> None:
+    manual = CASES["skip-agent-without-status"].pod
+    path = tmp_path / "pods.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [manual]}, indent=2))
+    run = jitckpt("audit", "-f", str(path), "--json")
+    assert run.returncode == 0, run.stderr
+    (row,) = json.loads(run.stdout)
+    assert row["injected"] is True and row["drift"] == ["unverifiable"]
