@@ -1,7 +1,105 @@
-"""Placeholder until this command is built; replaced by its owner."""
+"""``jitckpt ls DESTINATION``: a job's checkpoints, each valid or torn with the reason.
+
+DESTINATION is a job root: ``s3://bucket/prefix/<ns>/<job>``, or
+``pvc://claim/path/<ns>/<job>`` with the claim mounted at ``--pvc-mount``,
+or a plain directory (a claim mounted by hand). S3 credentials and endpoint
+come from the usual env (``AWS_ACCESS_KEY_ID``, ``AWS_S3_ENDPOINT``, ...).
+Exit code: 0 when at least one checkpoint is valid, 1 when none is, 2 on errors.
+"""
+
+from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from shim import layout
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.set_defaults(func=lambda args: 2)
+    parser.add_argument("destination", help="the job root (s3://..., pvc://..., or a directory)")
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    parser.add_argument(
+        "--pvc-mount",
+        type=Path,
+        default=Path(layout.PVC_MOUNT),
+        help=f"where the claim of a pvc:// destination is mounted (default {layout.PVC_MOUNT})",
+    )
+    parser.add_argument(
+        "--no-verify-ssl", action="store_true", help="do not check the S3 endpoint's certificate"
+    )
+    parser.set_defaults(func=run)
+
+
+ROW = "{step:>8}  {state:<5}  {kind:<9}  {nodes:>5}  {size:>10}  {time:<25}  {reason}"
+HEADER = {
+    "step": "STEP",
+    "state": "STATE",
+    "kind": "KIND",
+    "nodes": "NODES",
+    "size": "SIZE",
+    "time": "TIME",
+    "reason": "REASON",
+}
+
+
+def _size(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import sys
+
+    from sidecar.config import AgentConfig
+    from sidecar.storage.base import StoreError
+    from sidecar.storage.factory import open_store
+    from sidecar.uri import DestinationError, parse_job_root
+    from sidecar.validity import CheckpointState, scan
+
+    try:
+        root = parse_job_root(args.destination, args.pvc_mount)
+    except DestinationError as exc:
+        print(f"jitckpt ls: {exc}", file=sys.stderr)
+        return 2
+    config = AgentConfig(
+        destination=root.uri, pvc_mount=args.pvc_mount, verify_ssl=not args.no_verify_ssl
+    )
+
+    async def collect() -> list[CheckpointState]:
+        async with open_store(config, root) as store:
+            return [state async for state in scan(store)]
+
+    try:
+        states = asyncio.run(collect())
+    except (StoreError, OSError) as exc:
+        print(f"jitckpt ls: cannot read {root.uri}: {exc}", file=sys.stderr)
+        return 2
+    rows = [
+        {
+            "step": s.step,
+            "state": "valid" if s.valid else "torn",
+            "reason": s.reason,
+            "kind": s.kind,
+            "nodes": s.nnodes,
+            "size": s.size,
+            "time": s.time,
+            "uri": root.child_uri(f"{layout.CHECKPOINT_PREFIX}{s.step}"),
+        }
+        for s in states
+    ]
+    if args.json:
+        print(json.dumps({"destination": root.uri, "checkpoints": rows}, indent=1))
+    elif not rows:
+        print(f"no checkpoints under {root.uri}")
+    else:
+        print(ROW.format(**HEADER))
+        for state, row in zip(states, rows, strict=True):
+            nodes = "-" if state.nnodes is None else str(state.nnodes)
+            print(ROW.format(**{**row, "nodes": nodes, "size": _size(state.size)}))
+    return 0 if any(s.valid for s in states) else 1
