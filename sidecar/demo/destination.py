@@ -36,6 +36,10 @@ class Destination:
     def embedded(cls) -> Destination:
         server = LocalS3().start()
         server.create_bucket(EMBEDDED_BUCKET)
+        # The store client reads keys from the process env; moto accepts any keys,
+        # so keys the caller already has are left alone.
+        for key in CREDENTIAL_KEYS:
+            os.environ.setdefault(key, server.credentials_env()[key])
         return cls(f"s3://{EMBEDDED_BUCKET}/runs", server.credentials_env(), server)
 
     @classmethod

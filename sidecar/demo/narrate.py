@@ -39,11 +39,14 @@ class Narrator:
             self._said.add(key)
         self.say(text)
 
-    def reset_progress(self) -> None:
-        self._last_step = -1
+    def new_run(self) -> None:
+        """New pods (possibly with the same names): say everything afresh."""
+        with self._lock:
+            self._last_step = -1
+            self._said.clear()
 
     def pod_event(self, event: PodEvent) -> None:
-        where = f"{event.container}" if event.container else "pod"
+        where = f"{event.pod}/{event.container}" if event.container else event.pod
         if event.reason == "Started" and event.message.startswith("startupProbe passed"):
             self.say(f"{where}: {event.message} (restore done; the trainer may start)")
         elif event.reason == "PreStopHook":

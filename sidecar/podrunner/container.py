@@ -102,7 +102,7 @@ class Container:
                 }
             )
         )
-        log = self.log_path.open("ab")
+        log = self.log_path.open("wb")
         self._process = subprocess.Popen(
             [sys.executable, "-I", "-S", str(LAUNCHER), str(spec_file)],
             stdin=subprocess.DEVNULL,

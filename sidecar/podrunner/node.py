@@ -62,8 +62,9 @@ class Node:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def pod_dir(self, namespace: str, name: str) -> Path:
-        return self.root / "pods" / f"{namespace}_{name}"
+    def pod_dir(self, namespace: str, name: str, uid: str) -> Path:
+        """Per pod *instance*: a re-created pod of the same name starts with nothing."""
+        return self.root / "pods" / f"{namespace}_{name}_{uid}"
 
     def base_env(self, image: str) -> dict[str, str]:
         """What the image's own ENV would give: PATH with the image's interpreter first."""

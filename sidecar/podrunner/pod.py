@@ -37,6 +37,7 @@ class PodEvent:
     """One line of the pod's story, for ``kubectl describe``-like accounts."""
 
     at: float
+    pod: str
     container: str
     reason: str
     message: str
@@ -101,7 +102,7 @@ class Pod:
         self.namespace = str(metadata["namespace"])
         self.ip = node.allocate_ip(_declared_ports(self.spec))
         self.context = PodContext(metadata=metadata, spec=self.spec, pod_ip=self.ip)
-        self.dir = node.pod_dir(self.namespace, self.name)
+        self.dir = node.pod_dir(self.namespace, self.name, str(metadata["uid"]))
         self.grace_seconds = float(
             self.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
         )
@@ -166,7 +167,7 @@ class Pod:
     # --- lifecycle ------------------------------------------------------------
 
     def _event(self, container: str, reason: str, message: str) -> None:
-        event = PodEvent(time.time(), container, reason, message)
+        event = PodEvent(time.time(), self.name, container, reason, message)
         self.events.append(event)
         if self._on_event is not None:
             self._on_event(event)

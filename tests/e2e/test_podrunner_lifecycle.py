@@ -59,7 +59,7 @@ def test_each_pod_sees_its_own_volumes_and_shares_the_claim(node: Node) -> None:
     assert sorted(p.name for p in node.claim_path("shared").iterdir()) == ["p0", "p1"]
     assert results[0].ip != results[1].ip
     # emptyDirs are gone with their pod; the claim stays
-    assert not (node.pod_dir("t", "p0") / "volumes" / "local").exists()
+    assert not (pods[0].dir / "volumes" / "local").exists()
 
 
 def test_native_sidecar_gates_the_main_container_and_stops_last(node: Node) -> None:
@@ -161,7 +161,7 @@ def test_kill_takes_every_process_of_the_container(node: Node) -> None:
     p.kill()
     result = p.wait(10)
     assert result.exit_code("c") == 137
-    launch = (node.pod_dir("t", "killed") / "containers" / "c" / "init.pid").read_text()
+    launch = (p.dir / "containers" / "c" / "init.pid").read_text()
     assert not Path(f"/proc/{launch}").exists()
 
 
