@@ -51,7 +51,8 @@ MB = 1_000_000
 
 @dataclass(frozen=True)
 class Outcome:
-    seconds: float
+    seconds: float  # SIGTERM to committed
+    trainer_exit_seconds: float  # SIGTERM to the trainer process gone
     exit_code: int | None
     checkpoint_bytes: int
 
@@ -89,14 +90,20 @@ def run_jitckpt(work: Path, shape: ModelShape, s3_env: dict[str, str], timeout: 
             wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
             started = time.monotonic()
             os.kill(trainer.pid, signal.SIGTERM)
+            assert trainer.process is not None
             deadline = started + timeout
+            exited: float | None = None
             while not _manifest_present(client, prefix):
+                if exited is None and trainer.process.poll() is not None:
+                    exited = time.monotonic() - started
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no manifest after {timeout} s: {node.log_tail()}")
                 time.sleep(0.05)
             elapsed = time.monotonic() - started
-            code = trainer.process.wait(timeout=timeout) if trainer.process else None
-    return Outcome(elapsed, code, _stored_bytes(client, prefix))
+            code = trainer.process.wait(timeout=timeout)
+            if exited is None:
+                exited = time.monotonic() - started
+    return Outcome(elapsed, exited, code, _stored_bytes(client, prefix))
 
 
 def run_peer(
@@ -112,6 +119,7 @@ def run_peer(
         os.kill(trainer.pid, signal.SIGTERM)
         assert trainer.process is not None
         code = trainer.process.wait(timeout=timeout)
+        exited = time.monotonic() - started
     checkpoints = sorted(
         output.glob(layout.CHECKPOINT_PREFIX + "*"), key=lambda p: p.stat().st_mtime
     )
@@ -124,7 +132,7 @@ def run_peer(
     )
     elapsed = time.monotonic() - started
     size = sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
-    return Outcome(elapsed, code, size)
+    return Outcome(elapsed, exited, code, size)
 
 
 def run(options: BenchOptions) -> list[Case]:
@@ -156,7 +164,8 @@ def run(options: BenchOptions) -> list[Case]:
                             outcome = run_peer(subject, work, shape, s3_env, timeout)
                     outcomes[subject].append(outcome)
                     print(
-                        f"[bench] durable {label} rep {rep} {subject}: {outcome.seconds:.2f} s, "
+                        f"[bench] durable {label} rep {rep} {subject}: {outcome.seconds:.2f} s "
+                        f"(trainer gone after {outcome.trainer_exit_seconds:.2f} s), "
                         f"exit {outcome.exit_code}, {outcome.checkpoint_bytes / MB:.0f} MB",
                         file=sys.stderr,
                         flush=True,
@@ -175,6 +184,9 @@ def run(options: BenchOptions) -> list[Case]:
                             {
                                 "checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[subject]],
                                 "exit_codes": [o.exit_code for o in outcomes[subject]],
+                                "sigterm_to_trainer_exit_s": [
+                                    round(o.trainer_exit_seconds, 3) for o in outcomes[subject]
+                                ],
                             },
                         )
                         for subject in SUBJECTS

@@ -40,7 +40,7 @@ def shape_for_state_bytes(target_bytes: int, vocab_size: int, positions: int) ->
     best = (64, 1)
     best_error = float("inf")
     for hidden_size in (128, 256, 384, 512, 768, 1024, 1280):
-        for layers in range(1, 33):
+        for layers in range(2, 13):
             state = 12 * parameters(hidden_size, layers, vocab_size, positions)
             error = abs(state - target_bytes) / target_bytes
             if error < best_error:
