@@ -230,11 +230,14 @@ def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
 def _apply_periodic(args: Any, config: ShimConfig) -> None:
     """Set save strategy/steps/total limit as the annotations ask (HF semantics)."""
     wanted: List[tuple[str, Any]] = []
-    if config.save_strategy is not None:
+    strategy = config.save_strategy
+    if strategy is None and config.save_steps is not None:
+        strategy = "steps"  # a step interval alone means periodic saves by steps
+    if strategy is not None:
         current = getattr(args, "save_strategy", None)
-        value: Any = config.save_strategy
+        value: Any = strategy
         if isinstance(current, enum.Enum):
-            value = type(current)(config.save_strategy)
+            value = type(current)(strategy)
         wanted.append(("save_strategy", value))
     if config.save_steps is not None:
         steps = config.save_steps

@@ -1,0 +1,257 @@
+"""A real HF Trainer (tiny model, CPU) under the shim, stopped by real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, jit_lines
+
+MAX_STEPS = 12
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(path.name.split("-")[1]) for path in directory.glob("checkpoint-*"))
+
+
+def assert_same_weights(left: Path, right: Path) -> None:
+    a = torch.load(left, weights_only=True)
+    b = torch.load(right, weights_only=True)
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert different == []
+
+
+@pytest.mark.slow
+def test_sigterm_saves_at_next_step_exits_143_and_resume_is_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", str(MAX_STEPS)]
+    reference = spawn(
+        [PYTHON, *common, "--final-weights", str(tmp_path / "reference.pt")],
+        {**shim_env.without_shim(), "OMP_NUM_THREADS": "1"},
+    )
+    cut = spawn(
+        [PYTHON, *common, "--step-sleep", "0.4", "--final-weights", str(tmp_path / "cut.pt")],
+        shim_env.env,
+    )
+    cut.wait_for("rank 0 step 4/")
+    cut.signal(signal.SIGTERM)
+    assert cut.wait() == 143
+    output = cut.output()
+    assert "train() returned" not in output and not (tmp_path / "cut.pt").exists()
+    [step] = checkpoint_steps(shim_env.checkpoints)
+    assert step in (4, 5)  # the step boundary right after the signal
+    assert f"stopping at step {step} for a JIT checkpoint" in output
+    state = json.loads((shim_env.checkpoints / f"checkpoint-{step}/trainer_state.json").read_text())
+    assert state["global_step"] == step
+    assert checkpoint_steps(out) == []  # checkpoints go to JITCKPT_DIR, not the output dir
+    assert list(shim_env.pids.iterdir()) == []
+    assert reference.wait() == 0
+
+    resumed = spawn(
+        [PYTHON, *common, "--final-weights", str(tmp_path / "resumed.pt")],
+        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", "JITCKPT_SAVE_TOTAL_LIMIT": "1"},
+    )
+    assert resumed.wait() == 0, resumed.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-{step}" in resumed.output()
+    assert "train() returned at step 12" in resumed.output()
+    # The periodic settings came from the environment: saves every 4 steps, newest kept.
+    assert checkpoint_steps(shim_env.checkpoints) == [MAX_STEPS]
+    assert_same_weights(tmp_path / "resumed.pt", tmp_path / "reference.pt")
+
+
+@pytest.mark.slow
+def test_torchrun_sigterm_to_one_worker_stops_both_at_the_same_step(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    run = spawn(
+        [
+            str(Path(PYTHON).with_name("torchrun")),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29531",
+            *TRAIN_TINY,
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "40",
+            "--step-sleep",
+            "0.3",
+        ],
+        shim_env.env,
+    )
+    run.wait_for("rank 1 step 3/", timeout=90)
+    ranks = {}
+    for pid_file in shim_env.pids.iterdir():
+        environ = Path(f"/proc/{pid_file.stem}/environ").read_bytes().split(b"\0")
+        rank = [item[5:].decode() for item in environ if item.startswith(b"RANK=")]
+        if rank:
+            ranks[rank[0]] = int(pid_file.stem)
+    assert set(ranks) == {"0", "1"}
+    started = time.monotonic()
+    subprocess.run(["kill", "-TERM", str(ranks["1"])], check=True)
+    code = run.wait(timeout=90)
+    assert time.monotonic() - started < 30  # nothing hung
+    assert code != 0  # torchrun reports its workers' 143: never a success
+    output = run.output()
+    stops = {
+        line.split("pid ")[1].split(":")[0]: line.split("step ")[1].split(" ")[0]
+        for line in jit_lines(output)
+        if "stopping at step" in line
+    }
+    assert set(stops) == {str(ranks["0"]), str(ranks["1"])}
+    assert len(set(stops.values())) == 1, stops
+    step = int(next(iter(stops.values())))
+    checkpoint = shim_env.checkpoints / f"checkpoint-{step}"
+    names = {path.name for path in checkpoint.iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= names
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= names
+    assert output.count("exitcode  : 143") == 2
+    assert "train() returned" not in output
+
+
+SLOW_SAVE_SCRIPT = """
+import sys, time
+from transformers import Trainer
+from sidecar.demo import train_tiny
+
+class SlowSaveTrainer(Trainer):
+    def _save_checkpoint(self, model, trial):
+        print("slow save begins", flush=True)
+        time.sleep({seconds})
+        super()._save_checkpoint(model, trial)
+
+sys.exit(train_tiny.main(trainer_class=SlowSaveTrainer))
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_does_not_kill_a_save_longer_than_30s(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Without the shim torchrun SIGKILLs its worker 30 s after forwarding SIGTERM."""
+    script = tmp_path / "slow_save.py"
+    script.write_text(textwrap.dedent(SLOW_SAVE_SCRIPT.format(seconds=34)))
+    run = spawn(
+        [
+            str(Path(PYTHON).with_name("torchrun")),
+            "--nproc-per-node",
+            "1",
+            "--master-port",
+            "29537",
+            str(script),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "40",
+            "--step-sleep",
+            "0.2",
+        ],
+        {**shim_env.env, "JITCKPT_GRACE_SECONDS": "70"},
+    )
+    run.wait_for("rank 0 step 2/", timeout=90)
+    started = time.monotonic()
+    run.signal(signal.SIGTERM)  # to the launcher, which forwards it to its worker
+    code = run.wait(timeout=90)
+    assert time.monotonic() - started > 34
+    output = run.output()
+    assert code != 0
+    assert "slow save begins" in output
+    assert "JIT checkpoint-" in output and "saved; exiting with 143" in output, output[-3000:]
+    [step] = checkpoint_steps(shim_env.checkpoints)
+    assert (shim_env.checkpoints / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+OUTSIDE_TRAIN_SCRIPT = """
+import os, signal, sys, time
+if sys.argv[1] == "handler":
+    def handler(signum, frame):
+        print("user handler ran", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, handler)
+from transformers import Trainer, TrainingArguments
+from sidecar.demo import train_tiny
+args = train_tiny.parse_args(["--output-dir", sys.argv[2]])
+trainer = Trainer(model=train_tiny.build_model(args),
+                  args=TrainingArguments(output_dir=sys.argv[2], use_cpu=True, report_to="none"))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigterm_outside_train_behaves_as_without_shim(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    script = tmp_path / "outside.py"
+    script.write_text(OUTSIDE_TRAIN_SCRIPT)
+    plain = spawn([PYTHON, str(script), "default", str(tmp_path / "a")], shim_env.env)
+    handled = spawn([PYTHON, str(script), "handler", str(tmp_path / "b")], shim_env.env)
+    for proc in (plain, handled):
+        proc.wait_for("ready", timeout=90)
+        proc.signal(signal.SIGTERM)
+    assert plain.wait(timeout=30) == -signal.SIGTERM
+    assert handled.wait(timeout=30) == 7
+    assert "user handler ran" in handled.output()
+
+
+HANDLER_DURING_TRAIN_SCRIPT = """
+import signal, sys
+def handler(signum, frame):
+    print("user handler ran", flush=True)
+    sys.exit(5)
+signal.signal(signal.SIGTERM, handler)
+from sidecar.demo import train_tiny
+sys.exit(train_tiny.main())
+"""
+
+
+@pytest.mark.slow
+def test_user_sigterm_handler_runs_after_the_jit_save(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    script = tmp_path / "handler.py"
+    script.write_text(HANDLER_DURING_TRAIN_SCRIPT)
+    run = spawn(
+        [PYTHON, str(script), "--output-dir", str(tmp_path / "out"), "--step-sleep", "0.3"],
+        shim_env.env,
+    )
+    run.wait_for("rank 0 step 2/", timeout=90)
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 143
+    output = run.output()
+    assert output.index("JIT checkpoint-") < output.index("user handler ran")
+    assert len(checkpoint_steps(shim_env.checkpoints)) == 1
+
+
+def test_transformers_without_the_hooked_attributes(shim_env: ShimEnv, tmp_path: Path) -> None:
+    """An unknown transformers: no integration, one message, the program runs unchanged."""
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0.0-unknown'\n")
+    (fake / "trainer.py").write_text("class Trainer:\n    pass\n")
+    env = {**shim_env.env, "PYTHONPATH": shim_env.env["PYTHONPATH"] + ":" + str(fake.parent)}
+    done = subprocess.run(
+        [PYTHON, "-c", "import transformers.trainer as t; t.Trainer(); print('trained')"],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "trained"
+    lines = jit_lines(done.stderr)
+    assert len(lines) == 1, done.stderr
+    assert "transformers 0.0-unknown lacks" in lines[0] and "Trainer.train" in lines[0]

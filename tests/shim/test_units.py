@@ -1,0 +1,122 @@
+"""The shim's building blocks on real modules and real files (no training run)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import stat
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from shim import hooks, launcher, log
+from shim.checkpoints import newest_hf_checkpoint
+from shim.config import from_env
+from shim.staging import stage
+
+
+@pytest.fixture
+def module_dir(tmp_path: Path) -> Path:
+    sys.path.insert(0, str(tmp_path))
+    yield tmp_path
+    sys.path.remove(str(tmp_path))
+    for name in [name for name in sys.modules if name.startswith("jitckpt_probe")]:
+        del sys.modules[name]
+
+
+def test_post_import_hook_runs_after_the_module_executed(module_dir: Path) -> None:
+    (module_dir / "jitckpt_probe_a.py").write_text("VALUE = 41\n")
+    seen: list[int] = []
+    hooks.when_imported("jitckpt_probe_a", lambda module: seen.append(module.VALUE + 1))
+    assert seen == []
+    module = importlib.import_module("jitckpt_probe_a")
+    assert seen == [42]
+    assert type(module.__loader__).__name__ == "SourceFileLoader"  # the real loader is back
+    hooks.when_imported("jitckpt_probe_a", lambda module: seen.append(0))  # already imported
+    assert seen == [42, 0]
+
+
+def test_failing_hook_is_said_once_and_import_succeeds(
+    module_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (module_dir / "jitckpt_probe_b.py").write_text("VALUE = 1\n")
+
+    def broken(module: ModuleType) -> None:
+        raise RuntimeError("boom")
+
+    hooks.when_imported("jitckpt_probe_b", broken)
+    module = importlib.import_module("jitckpt_probe_b")
+    assert module.VALUE == 1
+    assert "[jitckpt]" in capsys.readouterr().err
+    log.failed("hook for jitckpt_probe_b", RuntimeError("again"))
+    assert capsys.readouterr().err == ""
+
+
+def test_unregistered_names_are_not_touched(module_dir: Path) -> None:
+    (module_dir / "jitckpt_probe_c.py").write_text("VALUE = 3\n")
+    hooks.when_imported("jitckpt_probe_other", lambda module: None)
+    module = importlib.import_module("jitckpt_probe_c")
+    assert type(module.__spec__.loader).__name__ == "SourceFileLoader"
+
+
+def test_staged_links_survive_hf_rotation(tmp_path: Path) -> None:
+    """HF's own rotate_checkpoints deletes checkpoint-1; its staged links keep every byte."""
+    from transformers.trainer_utils import rotate_checkpoints
+
+    checkpoints = tmp_path / "checkpoints"
+    first = checkpoints / "checkpoint-1"
+    (first / "sub").mkdir(parents=True)
+    (first / "model.safetensors").write_bytes(b"weights-1" * 1000)
+    (first / "sub" / "extra.bin").write_bytes(b"x")
+    os.umask(0o022)
+    staged = stage(str(first), str(tmp_path / "staging"), 1, "periodic")
+    (checkpoints / "checkpoint-2").mkdir()
+    (checkpoints / "checkpoint-2" / "model.safetensors").write_bytes(b"weights-2")
+    rotate_checkpoints(str(checkpoints), save_total_limit=1)
+    assert not first.exists()
+    root = Path(staged.dir)
+    assert staged.files == ["model.safetensors", "sub/extra.bin"]
+    assert (root / "model.safetensors").read_bytes() == b"weights-1" * 1000
+    assert (root / "sub" / "extra.bin").read_bytes() == b"x"
+    for directory in (root, root / "sub"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o777  # the sidecar may be another user
+    assert root.parent == tmp_path / "staging"
+
+
+def test_newest_hf_checkpoint_skips_unfinished(tmp_path: Path) -> None:
+    for step, finished in ((5, True), (10, True), (15, False)):
+        path = tmp_path / f"checkpoint-{step}"
+        path.mkdir()
+        if finished:
+            (path / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-x").mkdir()
+    assert newest_hf_checkpoint(str(tmp_path)) == (10, str(tmp_path / "checkpoint-10"))
+    assert newest_hf_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_config_from_env_is_forgiving(capsys: pytest.CaptureFixture[str]) -> None:
+    assert from_env({}) is None
+    config = from_env(
+        {
+            "JITCKPT_DIR": "/mnt/x",
+            "JITCKPT_GRACE_SECONDS": "300",
+            "JITCKPT_SAVE_STEPS": "ten",
+            "JITCKPT_JIT": "false",
+        }
+    )
+    assert config is not None
+    assert config.socket_path == "/var/run/jitckpt/agent.sock"
+    assert config.pids_dir == "/var/run/jitckpt/pids"
+    assert config.shutdown_timeout() == 290
+    assert config.save_steps is None and config.jit is False
+    assert "JITCKPT_SAVE_STEPS" in capsys.readouterr().err
+
+
+def test_this_torch_reads_the_shutdown_timeout_from_env() -> None:
+    """torch 2.13 honours TORCH_ELASTIC_SHUTDOWN_TIMEOUT: the env path, no PContext patch."""
+    import torch.distributed.launcher.api as launcher_api
+
+    assert launcher.launch_config_reads_env(launcher_api)
+    assert not launcher.launch_config_reads_env(ModuleType("torch_without_launch_config"))
