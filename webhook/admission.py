@@ -22,8 +22,9 @@ KIND = "AdmissionReview"
 # The API server refuses objects above 3 MiB (etcd's request limit); a review
 # larger than that cannot come from it.
 MAX_BODY_BYTES = 3 * 1024 * 1024
-# Warnings are shown by kubectl; the API server truncates long ones.
-MAX_WARNING_CHARS = 256
+# Warnings are shown by kubectl. The API server shortens them only when all
+# warnings of a response together exceed 4 KiB; one setting error fits easily.
+MAX_WARNING_CHARS = 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # The API server writes ``{"kind":...,"apiVersion":...,"request":{"uid":"..."`` :
 # enough to find the uid in the prefix of a body too large to parse.
@@ -90,8 +91,6 @@ def _pod_shape_problem(obj: Any) -> str | None:
     for key in ("containers", "initContainers", "volumes"):
         if key in spec and not _named_list(spec[key]):
             return f"spec.{key} is not a list of named items"
-    if not spec.get("containers"):
-        return "the pod has no containers"
     grace = spec.get("terminationGracePeriodSeconds")
     if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
         return "spec.terminationGracePeriodSeconds is not an integer"

@@ -44,7 +44,7 @@ from webhook.admission import (
 )
 from webhook.config import WebhookConfig
 from webhook.metrics import AdmissionMetrics
-from webhook.mutate import MutationResult, NamespaceInfo, mutate
+from webhook.mutate import SKIP_INVALID_SETTING, MutationResult, NamespaceInfo, mutate
 from webhook.namespaces import NamespaceCache
 from webhook.settings import INJECTION_ENABLED, INJECTION_LABEL
 
@@ -169,11 +169,12 @@ class AdmissionHandler:
             )
         reason = result.skip_reason or "unknown"
         warnings = list(result.warnings)
-        if reason not in QUIET_SKIPS and result.message:
-            # The message already quotes the setting errors; do not repeat them.
-            warnings = [f"jitckpt: {result.message}"] + [
-                w for w in warnings if w not in result.message
-            ]
+        if reason == SKIP_INVALID_SETTING:
+            # One warning per invalid setting (each names the key and the rule),
+            # after a line that says what happened to the pod.
+            warnings.insert(0, "jitckpt: invalid settings; pod admitted without checkpointing")
+        elif reason not in QUIET_SKIPS and result.message:
+            warnings.insert(0, f"jitckpt: {result.message}")
         self.metrics.skipped.labels(reason=reason).inc()
         log.info("skipped", extra={"fields": {**fields, "reason": reason, "msg": result.message}})
         return 200, review(req.uid, warnings=warnings)

@@ -85,7 +85,7 @@ def check_answer(doc: Any, uid: str | None) -> dict[str, Any]:
         assert isinstance(ops, list) and ops
     for warning in response.get("warnings", []):
         assert isinstance(warning, str) and warning
-        assert "\n" not in warning and len(warning) <= 256
+        assert "\n" not in warning and len(warning) <= 1024
     if not response["allowed"]:
         assert response["status"]["message"], response
     return response

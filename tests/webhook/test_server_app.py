@@ -87,8 +87,10 @@ def test_skip_reasons_are_counted_and_explained(client: TestClient) -> None:
     bad["metadata"]["annotations"]["jitckpt.io/grace-period-seconds"] = "soon"
     response = post(client, bad)
     assert response["allowed"] is True and "patch" not in response
-    assert len(response["warnings"]) == 1
-    assert "grace-period-seconds" in response["warnings"][0]
+    assert len(response["warnings"]) == 2
+    assert "pod admitted without checkpointing" in response["warnings"][0]
+    assert response["warnings"][1].startswith('jitckpt.io/grace-period-seconds="soon"')
+    assert "must be an integer" in response["warnings"][1]
 
     assert metric(client, "jitckpt_webhook_skipped_total", reason="not-trainer") == 1
     assert metric(client, "jitckpt_webhook_skipped_total", reason="opted-out") == 1
