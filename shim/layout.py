@@ -53,13 +53,3 @@ ENV_MODE = "JITCKPT_MODE"  # "native" or "legacy"
 ENV_PVC_MOUNT = "JITCKPT_PVC_MOUNT"  # where the claim of pvc:// is mounted
 
 STATUS_PORT = 8471
-
-# The trainer container's preStop exec hook: SIGTERM every process the shim
-# registered (pid files are named <pid>.pid, so only /bin/sh builtins are needed).
-# A shell as PID 1 never forwards the kubelet's SIGTERM; this reaches the trainer.
-PRESTOP_COMMAND = [
-    "/bin/sh",
-    "-c",
-    'for f in %s/%s/*.pid; do [ -e "$f" ] || continue; p="${f##*/}"; '
-    'kill -TERM "${p%%.pid}" 2>/dev/null; done; exit 0' % (RUN_DIR, PIDS_SUBDIR),
-]
