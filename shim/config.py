@@ -18,9 +18,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Optional
 
-# torchrun gets the grace period minus this margin, so the launcher's SIGKILL
-# comes before the kubelet's and the sidecar still has time to upload.
-SHUTDOWN_MARGIN_SECONDS = 10
 _FALSE = ("false", "0", "no", "off")
 
 
@@ -95,7 +92,10 @@ class ShimConfig:
         """Seconds torchrun should wait for its workers, or None without a grace period."""
         if self.grace_seconds is None:
             return None
-        return max(self.grace_seconds - SHUTDOWN_MARGIN_SECONDS, 1)
+        # The margin the webhook uses for TORCH_ELASTIC_SHUTDOWN_TIMEOUT: the launcher's
+        # SIGKILL comes before the kubelet's and the sidecar still has time to upload.
+        margin = min(30, max(5, self.grace_seconds // 10))
+        return max(1, self.grace_seconds - margin)
 
 
 def from_env(env: Optional[Mapping[str, str]] = None) -> Optional[ShimConfig]:

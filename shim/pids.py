@@ -3,7 +3,7 @@
 Many jobs run ``bash -c "pip install ... && torchrun ..."``: bash is PID 1 and
 never forwards SIGTERM, so the kubelet's signal would reach nobody. Each
 process the shim activates in writes ``<run dir>/pids/<pid>.pid`` and removes
-it at exit; the preStop hook (``layout.PRESTOP_COMMAND``, ``/bin/sh`` only)
+it at exit; the preStop hook the webhook adds (``/bin/sh`` builtins only)
 signals every pid listed there.
 """
 

@@ -8,8 +8,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import yaml
+
 from shim import layout
 from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, jit_lines
+from webhook.config import WebhookConfig
+from webhook.mutate import NamespaceInfo, mutate
 
 PROBE = (
     "import json, os, sys; print(json.dumps({"
@@ -87,8 +91,24 @@ def test_unusable_run_dir_said_once_and_program_runs(shim_env: ShimEnv) -> None:
     assert len(lines) == 1 and "pid registration" in lines[0], stderr
 
 
+def injected_prestop(run_dir: Path) -> list[str]:
+    """The trainer's preStop command exactly as the webhook injects it, pointed at ``run_dir``."""
+    fixture = REPO / "tests/webhook/testdata/fixtures/pytorchjob-master.yaml"
+    namespace = NamespaceInfo(
+        "team-a",
+        {"jitckpt.io/injection": "enabled"},
+        {"jitckpt.io/destination": "s3://bucket/prefix"},
+    )
+    result = mutate(yaml.safe_load(fixture.read_text()), namespace, WebhookConfig())
+    assert result.injected, result.message
+    [trainer] = [c for c in result.pod["spec"]["containers"] if c["name"] == "pytorch"]
+    command: list[str] = trainer["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "/bin/sh"
+    return [part.replace(layout.RUN_DIR, str(run_dir)) for part in command]
+
+
 def test_prestop_reaches_python_under_a_shell(shim_env: ShimEnv, spawn: Spawn) -> None:
-    """bash as the parent swallows nothing here, but the hook signals the pid file's process."""
+    """A shell parent forwards no SIGTERM; the hook signals the pid file's process itself."""
     script = "import time; print('ready', flush=True); time.sleep(60)"
     shell = spawn(
         ["bash", "-c", f'{PYTHON} -c "{script}"; echo python-exit=$?'],
@@ -97,8 +117,7 @@ def test_prestop_reaches_python_under_a_shell(shim_env: ShimEnv, spawn: Spawn) -
     shell.wait_for("ready")
     registered = [path.name for path in shim_env.pids.iterdir()]
     assert len(registered) == 1
-    command = [part.replace(layout.RUN_DIR, str(shim_env.run)) for part in layout.PRESTOP_COMMAND]
-    assert command[0] == "/bin/sh"
+    command = injected_prestop(shim_env.run)
     started = time.monotonic()
     subprocess.run(command, check=True, timeout=10)
     assert shell.wait(timeout=10) == 0
@@ -110,5 +129,5 @@ def test_prestop_reaches_python_under_a_shell(shim_env: ShimEnv, spawn: Spawn) -
 
 
 def test_prestop_with_no_registered_process_succeeds(shim_env: ShimEnv) -> None:
-    command = [part.replace(layout.RUN_DIR, str(shim_env.run)) for part in layout.PRESTOP_COMMAND]
+    command = injected_prestop(shim_env.run)
     assert subprocess.run(command, check=False, timeout=10).returncode == 0
