@@ -134,3 +134,44 @@ def test_installed_packages_cover_what_the_agent_imports() -> None:
             missing[module] = sorted(dists)
     assert "aiobotocore" in modules and "kubernetes" in modules
     assert missing == {}, f"imported but not installed in the image: {missing}"
+
+
+def _top_level_imports(module: str) -> set[str]:
+    """Modules ``module`` imports when it is loaded, following first-party ones."""
+    seen: set[str] = set()
+    todo = [module]
+    found: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = ROOT / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = ROOT / name.replace(".", "/") / "__init__.py"
+        for node in ast.parse(path.read_text()).body:
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for imported in names:
+                top = imported.split(".")[0]
+                if top in ("webhook", "sidecar", "shim"):
+                    todo.append(imported)
+                else:
+                    found.add(top)
+    return found
+
+
+def test_every_jitckpt_command_loads_in_the_sidecar_image() -> None:
+    """``jitckpt`` builds all subcommand parsers at start: none may need a package the
+    sidecar image lacks just to be imported."""
+    from webhook.cli import COMMANDS
+
+    allowed = _closure(_pip_packages())
+    owners = md.packages_distributions()
+    for module, _help in COMMANDS.values():
+        for top in _top_level_imports(module) - set(sys.stdlib_module_names):
+            dists = {d.lower().replace("_", "-") for d in owners.get(top, [])}
+            assert dists & allowed, f"{module} imports {top} at module level"
