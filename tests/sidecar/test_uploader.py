@@ -1,0 +1,52 @@
+"""The upload queue: JIT first, then periodic ones newest first; every job committed once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+from shim import protocol
+from sidecar.commit import CommitResult
+from sidecar.config import AgentConfig
+from sidecar.metrics import Metrics
+from sidecar.staging import StagedJob, accept, make_shared_dir
+from sidecar.storage.factory import open_store
+from sidecar.uploader import Uploader
+from sidecar.validity import scan
+from tests.sidecar.helpers import stage
+
+
+def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
+    config = AgentConfig(destination=str(tmp_path / "claim"), local_dir=tmp_path / "local")
+    make_shared_dir(config.staging_dir)
+    jobs = []
+    for step, kind in ((10, "periodic"), (30, "periodic"), (20, "periodic"), (25, "jit")):
+        directory, files = stage(config.staging_dir, f"c{step}", {"w": 4096, "x/y": 10})
+        message = protocol.request(
+            protocol.OP_STAGED, step=step, kind=kind, dir=str(directory), files=files
+        )
+        jobs.append(accept(config.staging_dir, message, time.time()))
+    order: list[tuple[int, str]] = []
+
+    async def main() -> dict[int, bool]:
+        async with open_store(config) as store:
+
+            async def on_commit(job: StagedJob, result: CommitResult) -> None:
+                order.append((job.step, job.kind))
+
+            uploader = Uploader(store, config, Metrics(), on_commit)
+            for job in jobs:
+                await uploader.submit(job)
+            assert [r["step"] for r in uploader.snapshot()] == [25, 30, 20, 10]
+            task = asyncio.create_task(uploader.run())
+            await asyncio.wait_for(uploader.wait_idle(), 30)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return {s.step: s.valid async for s in scan(store)}
+
+    states = asyncio.run(main())
+    assert order == [(25, "jit"), (30, "periodic"), (20, "periodic"), (10, "periodic")]
+    assert states == {10: True, 20: True, 25: True, 30: True}
