@@ -133,12 +133,18 @@ class Served:
 
 
 @contextmanager
-def serve(cert_dir: Path, tmp: Path, *extra: str) -> Iterator[Served]:
-    """Start the server on a free port with no Kubernetes API reachable; wait for /healthz."""
+def serve(
+    cert_dir: Path, tmp: Path, *extra: str, kubeconfig: Path | None = None
+) -> Iterator[Served]:
+    """Start the server on a free port and wait for /healthz.
+
+    Without ``kubeconfig`` no Kubernetes API is reachable (no in-cluster
+    environment, a kubeconfig path that does not exist).
+    """
     port = free_port()
     env = dict(os.environ)
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    env["KUBECONFIG"] = str(tmp / "no-such-kubeconfig")
+    env["KUBECONFIG"] = str(kubeconfig or tmp / "no-such-kubeconfig")
     env["HOME"] = str(tmp)
     log_path = tmp / f"serve-{port}.log"
     with log_path.open("w") as log:
