@@ -134,9 +134,8 @@ def test_serve_self_signed_against_a_kubeconfig(stub: KubeAPIStub, tmp_path: Pat
     team_a = fixture("namespace-team-a.yaml")
     stub.put_namespace(team_a)
     with serve(stub) as url:
-        (tmp_path / "no-such-kubeconfig").write_text(
-            kubeconfig(url)
-        )  # what serve_webhook points at
+        config = tmp_path / "kubeconfig"
+        config.write_text(kubeconfig(url))
         cert_dir = tmp_path / "certs"
         with serve_webhook(
             cert_dir,
@@ -146,6 +145,7 @@ def test_serve_self_signed_against_a_kubeconfig(stub: KubeAPIStub, tmp_path: Pat
             "jitckpt-webhook.jitckpt-system",
             "--webhook-config-name",
             "jitckpt-webhook",
+            kubeconfig=config,
         ) as server:
             secret = stub.secrets[("jitckpt-system", "jitckpt-webhook-tls")]
             ca = base64.b64decode(secret["data"]["ca.crt"])
