@@ -78,7 +78,7 @@ def run_certs(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from webhook.config import load_config
+    from webhook.config import ConfigError, load_config
     from webhook.jsonlog import configure_logging
     from webhook.namespaces import NamespaceCache, NamespaceWatcher, kube_api_client
     from webhook.selfsigned import install
@@ -86,7 +86,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from webhook.tls import ReloadingTLS
 
     configure_logging(args.log_level)
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
     api_client = None if args.no_kube_api else kube_api_client()
     if api_client is None:
         if args.self_signed:

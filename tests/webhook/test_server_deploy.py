@@ -381,3 +381,12 @@ def test_dockerignore_keeps_the_context_small() -> None:
     # What the builder copies must not be ignored.
     for needed in ("pyproject.toml", "constraints.txt", "README.md", "webhook", "sidecar", "shim"):
         assert needed not in ignored
+
+
+def test_deployment_runs_as_the_image_user(rendered: Rendered) -> None:
+    final = dockerfile_stages()[-1]
+    user = next(i for i in reversed(final) if i.startswith("USER ")).split()[1]
+    uid, _, gid = user.partition(":")
+    security = rendered.one("Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert security["runAsUser"] == int(uid)
+    assert security["runAsGroup"] == int(gid or uid)

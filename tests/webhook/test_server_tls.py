@@ -155,3 +155,15 @@ def test_serve_refuses_to_start_without_certificates(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="cannot load"), serve(tmp_path / "empty", tmp_path):
         pass
     assert time.monotonic() - started < 30
+
+
+def test_serve_refuses_an_invalid_config_file(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    jitckpt("webhook", "certs", "--out", str(certs), "--dns", HOST)
+    config = tmp_path / "config.yaml"
+    config.write_text("defaults:\n  grace-period-seconds: soon\n")
+    with (
+        pytest.raises(AssertionError, match="invalid configuration"),
+        serve(certs, tmp_path, "--config", str(config)),
+    ):
+        pass
