@@ -59,6 +59,7 @@ class AgentState:
         remaining = self.grace.remaining()
         return {
             "phase": self.phase,
+            "mode": cfg.mode,
             "destination": cfg.destination,
             "job": cfg.job_name,
             "pod": cfg.pod_name,

@@ -7,15 +7,19 @@ import contextlib
 import time
 from pathlib import Path
 
+import pytest
+
 from shim import protocol
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
+from sidecar.demo.s3server import LocalS3
 from sidecar.metrics import Metrics
 from sidecar.staging import StagedJob, accept, make_shared_dir
 from sidecar.storage.factory import open_store
 from sidecar.uploader import Uploader
 from sidecar.validity import scan
 from tests.sidecar.helpers import stage
+from tests.support.faultproxy import FaultProxy
 
 
 def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
@@ -50,3 +54,46 @@ def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
     states = asyncio.run(main())
     assert order == [(25, "jit"), (30, "periodic"), (20, "periodic"), (10, "periodic")]
     assert states == {10: True, 20: True, 25: True, 30: True}
+
+
+def test_failed_upload_is_requeued_until_committed(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store keeps refusing longer than one request's retries: the job goes back in the
+    queue, keeps its staging dir, and is committed once the store recovers."""
+    with FaultProxy(local_s3.endpoint) as proxy:
+        for name, value in local_s3.credentials_env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_S3_ENDPOINT", proxy.endpoint)
+        config = AgentConfig(
+            destination=f"s3://{bucket}/ns/job", local_dir=tmp_path / "local", s3_max_attempts=2
+        )
+        make_shared_dir(config.staging_dir)
+        directory, files = stage(config.staging_dir, "j", {"w": 1000})
+        message = protocol.request(
+            protocol.OP_STAGED, step=3, kind="jit", dir=str(directory), files=files
+        )
+        job = accept(config.staging_dir, message, time.time())
+        proxy.fail(503, "SlowDown", times=6, method="PUT")
+        metrics = Metrics()
+        committed: list[int] = []
+
+        async def main() -> None:
+            async with open_store(config) as store:
+
+                async def on_commit(job: StagedJob, result: CommitResult) -> None:
+                    committed.append(job.step)
+
+                uploader = Uploader(store, config, metrics, on_commit)
+                await uploader.submit(job)
+                task = asyncio.create_task(uploader.run())
+                await asyncio.wait_for(uploader.wait_idle(), 60)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                assert uploader.last_error is not None and "SlowDown" in uploader.last_error
+
+        asyncio.run(main())
+        assert committed == [3]
+        assert (metrics.registry.get_sample_value("jitckpt_upload_failures_total") or 0) >= 1
+        assert proxy.pending() == 0

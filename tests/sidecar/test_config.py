@@ -1,0 +1,79 @@
+"""The agent's settings from env (layout names, defaults) and job-root parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from shim import layout
+from sidecar.config import AgentConfig
+from sidecar.uri import DestinationError, parse_job_root
+
+
+def test_from_env_reads_the_injected_names() -> None:
+    config = AgentConfig.from_env(
+        {
+            layout.ENV_DESTINATION: "s3://bkt/p/ns/job",
+            layout.ENV_NODE_RANK: "2",
+            layout.ENV_NNODES: "4",
+            layout.ENV_RETENTION: "3",
+            layout.ENV_VERIFY_SSL: "false",
+            layout.ENV_VERIFY_ACCESS: "False",
+            layout.ENV_RESUME: "true",
+            layout.ENV_GRACE_SECONDS: "600",
+            layout.ENV_MODE: "legacy",
+            layout.ENV_DIR: "/x/local",
+            layout.ENV_SOCKET: "/x/run/agent.sock",
+            layout.ENV_STATUS_PORT: "9000",
+            layout.ENV_POD_IP: "10.0.0.7",
+        }
+    )
+    assert (config.node_rank, config.nnodes, config.retention) == (2, 4, 3)
+    assert (config.verify_ssl, config.verify_access, config.resume) == (False, False, True)
+    assert config.grace_seconds == 600 and config.mode == "legacy"
+    assert config.staging_dir == Path("/x/local") / layout.STAGING_SUBDIR
+    assert config.pids_dir == Path("/x/run") / layout.PIDS_SUBDIR
+    assert (config.pod_ip, config.status_port) == ("10.0.0.7", 9000)
+
+
+def test_defaults_are_the_layout_ones() -> None:
+    config = AgentConfig.from_env({layout.ENV_DESTINATION: "pvc://c/p"})
+    assert config.local_dir == Path(layout.LOCAL_DIR)
+    assert config.socket_path == Path(layout.SOCKET_PATH)
+    assert config.pvc_mount == Path(layout.PVC_MOUNT)
+    assert config.status_port == layout.STATUS_PORT
+    assert (config.retention, config.resume, config.verify_access) == (0, True, True)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {layout.ENV_DESTINATION: "s3://b/p", layout.ENV_RESUME: "maybe"},
+        {layout.ENV_DESTINATION: "s3://b/p", layout.ENV_NNODES: "0"},
+        {layout.ENV_DESTINATION: "s3://b/p", layout.ENV_MODE: "sidecar"},
+        {layout.ENV_DESTINATION: "s3://b/p", "JITCKPT_PART_SIZE": "1024"},
+    ],
+)
+def test_invalid_settings_are_refused(env: dict[str, str]) -> None:
+    with pytest.raises((ValidationError, ValueError)):
+        AgentConfig.from_env(env)
+
+
+def test_job_roots() -> None:
+    s3 = parse_job_root("s3://bkt/team/ns-a/job-1/", Path("/m"))
+    assert (s3.scheme, s3.bucket, s3.prefix, s3.uri) == (
+        "s3",
+        "bkt",
+        "team/ns-a/job-1",
+        "s3://bkt/team/ns-a/job-1",
+    )
+    pvc = parse_job_root("pvc://claim/ckpt/ns-a/job-1", Path("/mnt/c"))
+    assert (pvc.scheme, pvc.path) == ("file", Path("/mnt/c/ckpt/ns-a/job-1"))
+    assert parse_job_root("/data/job", Path("/m")).path == Path("/data/job")
+    assert s3.child_uri("checkpoint-5") == "s3://bkt/team/ns-a/job-1/checkpoint-5"
+    for bad in ("s3://", "s3://b/../x", "pvc:///x", "gs://b/x", ""):
+        with pytest.raises(DestinationError):
+            parse_job_root(bad, Path("/m"))
