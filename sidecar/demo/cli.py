@@ -40,6 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--script; your script must accept --final-weights PATH and torch.save its state dict)",
     )
     parser.add_argument("--sidecar-mode", choices=("native", "legacy"), default="native")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another jitckpt.io/KEY setting on the namespace, e.g. --set save-steps=5",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON summary on stdout")
     parser.add_argument(
         "--logs", action="store_true", help="stream every container's log to stderr"
@@ -67,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    settings = dict(item.split("=", 1) for item in args.set if "=" in item)
+    if len(settings) != len(args.set):
+        print("jitckpt demo: --set takes KEY=VALUE", file=sys.stderr)
+        return 2
     options = DemoOptions(
         script=args.script.resolve() if args.script else None,
         script_args=script_args,
@@ -81,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         keep=args.keep,
         stream_logs=args.logs,
+        settings=settings,
     )
     account = sys.stderr if args.json else sys.stdout
     summary = run_demo(options, account)

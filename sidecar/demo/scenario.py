@@ -7,12 +7,14 @@ Every pod is a PyTorchJob pod as the training-operator creates it, injected by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -55,6 +57,8 @@ class DemoOptions:
     keep: bool = False
     stream_logs: bool = False
     timeout: float = 300.0
+    settings: dict[str, str] = field(default_factory=dict)  # more jitckpt.io/* for the namespace
+    reference_weights: Path | None = None  # an uninterrupted run's weights, to skip that run
 
 
 @dataclass
@@ -92,11 +96,16 @@ class Scenario:
             master_port=free_port(),
         )
 
+    @property
+    def job_root(self) -> str:
+        return job_root(self.destination.uri, NAMESPACE, self.options.job_name)
+
     def namespace(self) -> NamespaceInfo:
         annotations = {
             **self.destination.namespace_annotations(),
             "jitckpt.io/grace-period-seconds": str(self.options.grace_period),
             "jitckpt.io/sidecar-mode": self.options.sidecar_mode,
+            **{f"jitckpt.io/{k}": v for k, v in self.options.settings.items()},
         }
         return NamespaceInfo(NAMESPACE, {"jitckpt.io/injection": "enabled"}, annotations)
 
@@ -126,78 +135,97 @@ def _same(values: list[Any]) -> Any:
 
 def run_demo(options: DemoOptions, account: IO[str]) -> dict[str, Any]:
     """Run the whole story; ``account`` gets the running narration."""
-    narrator = Narrator(account)
+    with open_scenario(options, account) as scenario:
+        summary = story(scenario)
+    summary["workdir"] = str(scenario.workdir)
+    if summary["ok"] and not options.keep:
+        shutil.rmtree(scenario.workdir, ignore_errors=True)
+        summary["workdir"] = None
+    return summary
+
+
+@contextlib.contextmanager
+def open_scenario(options: DemoOptions, account: IO[str]) -> Iterator[Scenario]:
+    """A node, a destination and a narrator for ``options``; the S3 server stops after."""
     workdir = options.workdir or Path(tempfile.mkdtemp(prefix="jitckpt-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     destination = (
         Destination.from_uri(options.destination) if options.destination else Destination.embedded()
     )
-    node = Node(
-        root=workdir / "node",
-        objects=ObjectStore(secrets=destination.secrets()),
-        image_env=IMAGE_ENV,
-        stream=sys.stderr if options.stream_logs else None,
-    )
-    scenario = Scenario(options, narrator, workdir, node, destination)
     try:
-        summary = _story(scenario)
+        node = Node(
+            root=workdir / "node",
+            objects=ObjectStore(secrets=destination.secrets()),
+            image_env=IMAGE_ENV,
+            stream=sys.stderr if options.stream_logs else None,
+        )
+        yield Scenario(options, Narrator(account), workdir, node, destination)
     finally:
         destination.close()
-    summary["workdir"] = str(workdir)
-    if summary["ok"] and not options.keep:
-        shutil.rmtree(workdir, ignore_errors=True)
-        summary["workdir"] = None
-    return summary
 
 
-def _story(s: Scenario) -> dict[str, Any]:
+@dataclass
+class FirstRun:
+    """Run 1, preempted: what the sidecars and the store say about the JIT checkpoint."""
+
+    run: JobRun
+    watcher: CommitWatcher
+    docs: list[dict[str, Any]]  # the sidecars' termination messages
+    jit_step: int | None
+    committed_at: float | None
+
+    @property
+    def sigterm_to_committed(self) -> float | None:
+        if self.committed_at is None or self.run.sigterm_at is None:
+            return None
+        return round(self.committed_at - self.run.sigterm_at, 2)
+
+
+def reference_run(s: Scenario, weights: Path) -> JobRun:
+    """The same job never preempted and never injected: what resuming must reproduce."""
+    o = s.options
+    s.narrator.say(f"uninterrupted run (job {o.job_name}-reference, no injection): starting")
+    command = s.command("reference", final_weights=weights, slow=False)
+    reference = s.run(s.job(f"{o.job_name}-reference", command), inject=False).start()
+    reference.wait(o.timeout)
+    s.narrator.say(f"uninterrupted run finished: trainer exit codes {reference.exit_codes()}")
+    return reference
+
+
+def start_first(s: Scenario) -> tuple[JobRun, CommitWatcher]:
+    """Start run 1 (injected) with a watcher on the store; say what was injected."""
     o, say = s.options, s.narrator.say
-    script = o.script or BUNDLED_SCRIPT
-    say(
-        f"jitckpt demo: {o.nnodes} node(s) x {o.nproc_per_node} process(es) running "
-        f"`torchrun {script.name}`, checkpoints to {s.destination.description}"
-    )
-    started = time.monotonic()
-    reference_weights = s.workdir / "weights-uninterrupted.pt"
-    resumed_weights = s.workdir / "weights-resumed.pt"
-
-    reference: JobRun | None = None
-    if o.compare:
-        say(f"uninterrupted run (job {o.job_name}-reference, no injection): starting")
-        reference = s.run(
-            s.job(
-                f"{o.job_name}-reference",
-                s.command("reference", final_weights=reference_weights, slow=False),
-            ),
-            inject=False,
-        ).start()
-        reference.wait(o.timeout)
-        say(f"uninterrupted run finished: trainer exit codes {reference.exit_codes()}")
-
-    # Run 1: injected, preempted at step K.
-    job = s.job(o.job_name, s.command("run-1", final_weights=None, slow=True))
-    first = s.run(job)
-    root = job_root(s.destination.uri, NAMESPACE, o.job_name)
-    watcher = CommitWatcher(lambda: s.destination.open_store(root, s.node), interval=0.1).start()
+    first = s.run(s.job(o.job_name, s.command("run-1", final_weights=None, slow=True)))
+    watcher = CommitWatcher(lambda: s.destination.open_store(s.job_root, s.node), 0.1).start()
     first.start()
     mutation = first.mutations[0]
     say(f"webhook: {mutation.message}")
-    pod0 = mutation.pod["spec"]
+    spec = mutation.pod["spec"]
     say(
-        f"  grace period {pod0['terminationGracePeriodSeconds']} s, trainer env "
-        + ", ".join(_trainer_env_names(pod0))
+        f"  grace period {spec['terminationGracePeriodSeconds']} s, trainer env "
+        + ", ".join(_trainer_env_names(spec))
     )
     for warning in mutation.warnings:
         say(f"  warning: {warning}")
-    first.wait_for_step(o.preempt_at_step, o.timeout)
+    return first, watcher
+
+
+def preempt(s: Scenario, first: JobRun) -> None:
+    """SIGTERM (through preStop and the kubelet's path) to all pods or to the last one."""
+    o = s.options
     ranks = None if o.preempt_nodes == "all" else [o.nnodes - 1]
     targets = [p.name for p in first.pods] if ranks is None else [first.pods[-1].name]
     first.preempt(ranks)
-    say(
+    s.narrator.say(
         f"step {first.preempted_at_step} reached: preempting {', '.join(targets)} "
         f"(preStop hook, then SIGTERM; grace period {first.pods[0].grace_seconds:g} s)"
     )
-    first.wait(o.grace_period + 60)
+
+
+def finish_first(s: Scenario, first: JobRun, watcher: CommitWatcher) -> FirstRun:
+    """Wait for run 1's pods to be gone and judge its JIT checkpoint."""
+    say = s.narrator.say
+    first.wait(s.options.grace_period + 60)
     watcher.stop()
     assert first.sigterm_at is not None and first.finished_at is not None
     docs = [_termination_doc(m) for m in first.messages(AGENT)]
@@ -208,45 +236,72 @@ def _story(s: Scenario) -> dict[str, Any]:
     ]
     jit_step = _same(jit_steps) if len(jit_steps) == len(docs) else None
     committed_at = watcher.valid_at.get(jit_step) if jit_step is not None else None
-    committed = committed_at is not None
-    sigterm_to_committed = (
-        round(committed_at - first.sigterm_at, 2) if committed_at is not None else None
-    )
-    trainer_codes = first.exit_codes()
+    result = FirstRun(first, watcher, docs, jit_step, committed_at)
+    codes = first.exit_codes()
     say(
         f"pods gone {first.finished_at - first.sigterm_at:.1f} s after SIGTERM; "
-        f"trainer exit codes {trainer_codes}"
+        f"trainer exit codes {codes}"
     )
-    if any(c != JIT_EXIT_CODE for c in trainer_codes):
+    if any(c != JIT_EXIT_CODE for c in codes):
         say(
             f"  (the training processes exit {JIT_EXIT_CODE}; a container's code is that of its "
             "PID 1, here torchrun, which turns its workers' exit into its own)"
         )
     for pod, doc in zip(first.pods, docs, strict=True):
         say(f"  {pod.name} termination message: {doc.get('message', '')}")
-    if committed:
+    if result.sigterm_to_committed is not None:
         say(
             f"checkpoint-{jit_step} is valid in the store, committed "
-            f"{sigterm_to_committed:.2f} s after SIGTERM"
+            f"{result.sigterm_to_committed:.2f} s after SIGTERM"
         )
     else:
         say(f"no JIT checkpoint is valid in the store (torn: {watcher.torn or 'none'})")
+    return result
 
-    # Run 2: new pods of the same job resume.
+
+def resume(s: Scenario, final_weights: Path | None) -> JobRun:
+    """Run 2: new pods of the same job, restored by their sidecars before training."""
+    o = s.options
     s.narrator.new_run()
-    say(f"run 2: new pods for job {o.job_name} (fresh local volumes); the sidecars restore first")
-    second = s.run(
-        s.job(
-            o.job_name,
-            s.command("run-2", final_weights=resumed_weights if o.compare else None, slow=False),
-        )
-    ).start()
+    s.narrator.say(
+        f"run 2: new pods for job {o.job_name} (fresh local volumes); the sidecars restore first"
+    )
+    command = s.command("run-2", final_weights=final_weights, slow=False)
+    second = s.run(s.job(o.job_name, command)).start()
     second.wait(o.timeout)
-    docs2 = [_termination_doc(m) for m in second.messages(AGENT)]
-    resumed_from = _same([d.get("restored_step") for d in docs2])
+    return second
+
+
+def resumed_from(second: JobRun) -> int | None:
+    """The step every sidecar of run 2 restored (None: none, or they disagree)."""
+    docs = [_termination_doc(m) for m in second.messages(AGENT)]
+    step = _same([d.get("restored_step") for d in docs])
+    return step if isinstance(step, int) else None
+
+
+def story(s: Scenario) -> dict[str, Any]:
+    o, say = s.options, s.narrator.say
+    script = o.script or BUNDLED_SCRIPT
+    say(
+        f"jitckpt demo: {o.nnodes} node(s) x {o.nproc_per_node} process(es) running "
+        f"`torchrun {script.name}`, checkpoints to {s.destination.description}"
+    )
+    started = time.monotonic()
+    reference_weights = o.reference_weights or s.workdir / "weights-uninterrupted.pt"
+    resumed_weights = s.workdir / "weights-resumed.pt"
+    if o.compare and o.reference_weights is None:
+        reference_run(s, reference_weights)
+
+    first, watcher = start_first(s)
+    first.wait_for_step(o.preempt_at_step, o.timeout)
+    preempt(s, first)
+    judged = finish_first(s, first, watcher)
+
+    second = resume(s, resumed_weights if o.compare else None)
+    restored = resumed_from(second)
     final_codes = second.exit_codes()
     final_step = _final_step(second) if s.bundled else (second.step or None)
-    say(f"run 2 finished: resumed from step {resumed_from}, trainer exit codes {final_codes}")
+    say(f"run 2 finished: resumed from step {restored}, trainer exit codes {final_codes}")
 
     equal: bool | None = None
     if o.compare:
@@ -262,8 +317,10 @@ def _story(s: Scenario) -> dict[str, Any]:
             equal, detail = False, "a final weights file is missing"
         say(f"final weights, resumed vs uninterrupted: {detail}")
 
+    trainer_codes = first.exit_codes()
+    jit_step = judged.jit_step
     checks = {
-        "jit checkpoint committed": committed,
+        "jit checkpoint committed": judged.committed_at is not None,
         # After a JIT save no trainer may look successful (the shim's workers exit 143;
         # the container's code is torchrun's, which reports its workers' failure).
         "no trainer reported success after the JIT save": all(
@@ -271,7 +328,7 @@ def _story(s: Scenario) -> dict[str, Any]:
         ),
         "jit step >= preemption step": jit_step is not None
         and jit_step >= (first.preempted_at_step or 0),
-        "resumed from the jit checkpoint": resumed_from is not None and resumed_from == jit_step,
+        "resumed from the jit checkpoint": restored is not None and restored == jit_step,
         "resumed run finished": all(c == 0 for c in final_codes)
         and (not s.bundled or final_step == o.max_steps),
         "equal to uninterrupted": equal is not False,
@@ -292,15 +349,19 @@ def _story(s: Scenario) -> dict[str, Any]:
         "preempt_nodes": o.preempt_nodes,
         "preempted_at_step": first.preempted_at_step,
         "jit_checkpoint_step": jit_step,
-        "committed": committed,
-        "sigterm_to_committed_s": sigterm_to_committed,
+        "committed": judged.committed_at is not None,
+        "sigterm_to_committed_s": judged.sigterm_to_committed,
         "trainer_exit_codes": trainer_codes,
-        "resumed_from_step": resumed_from,
+        "resumed_from_step": restored,
         "final_step": final_step,
         "final_exit_codes": final_codes,
         "equal_to_uninterrupted": equal,
-        "destination": root,
-        "termination_messages": [d.get("message") for d in docs],
+        "destination": s.job_root,
+        "termination_messages": [d.get("message") for d in judged.docs],
+        "trainer_logs": {
+            "preempted": [str(r.containers[TRAINER].log_path) for r in first.results],
+            "resumed": [str(r.containers[TRAINER].log_path) for r in second.results],
+        },
         "failed_checks": failed,
         "seconds": round(time.monotonic() - started, 1),
     }
