@@ -89,6 +89,7 @@ OBJ = ("request", "object")
 SPEC = (*OBJ, "spec")
 UID = "good-uid"
 SECRETS = {"group": "", "version": "v1", "resource": "secrets"}
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 NASTY: list[tuple[str, bytes, str | None]] = [
     ("invalid JSON", b'{"apiVersion": "admission.k8s.io/v1", "kind": ', None),
     ("empty body", b"", None),
@@ -124,6 +125,8 @@ NASTY: list[tuple[str, bytes, str | None]] = [
     ("no operation", edited(("request", "operation"), _DELETE), UID),
     ("UPDATE", edited(("request", "operation"), "UPDATE"), UID),
     ("DELETE, null object", edited(OBJ, None).replace(b'"CREATE"', b'"DELETE"'), UID),
+    # Found by the generator below: an empty JobSet name label (legal in Kubernetes).
+    ("empty jobset name", edited((*OBJ, "metadata", "labels"), {JOBSET_NAME: ""}), UID),
 ]
 
 
