@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sidecar.demo.s3server import LocalS3
 from tests.shim.support import Proc, ShimEnv, Spawn
+from tests.sidecar.agentproc import AgentProcess
 
 
 @pytest.fixture
@@ -31,3 +34,26 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
         if proc.popen.poll() is None:
             proc.popen.kill()
             proc.popen.wait()
+
+
+@pytest.fixture(scope="session")
+def local_s3() -> Iterator[LocalS3]:
+    with LocalS3() as server:
+        yield server
+
+
+@pytest.fixture
+def agent(shim_env: ShimEnv, local_s3: LocalS3) -> Iterator[AgentProcess]:
+    """The real ``jitckpt agent`` serving this test's socket, with a fresh bucket."""
+    bucket = f"shim-{uuid.uuid4().hex[:12]}"
+    local_s3.create_bucket(bucket)
+    process = AgentProcess(
+        root=shim_env.root,
+        destination=f"s3://{bucket}/ns-a/job-1",
+        s3_env=local_s3.credentials_env(),
+        extra_env={"JITCKPT_GRACE_SECONDS": "60"},
+    )
+    process.start()
+    process.wait_ready()
+    yield process
+    process.kill()

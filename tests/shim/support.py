@@ -45,8 +45,8 @@ class ShimEnv:
         self.root = root
         self.local = root / "local"
         self.run = root / "run"
-        self.local.mkdir()
-        self.run.mkdir()
+        self.local.mkdir(parents=True)
+        self.run.mkdir(parents=True)
         self.socket = self.run / "agent.sock"
         self.pids = self.run / "pids"
         self.env = {key: value for key, value in os.environ.items() if key not in _SCRUB}
@@ -117,3 +117,10 @@ Spawn = Callable[[list[str], dict[str, str]], Proc]
 
 def jit_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if "[jitckpt]" in line]
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    """Steps of the ``checkpoint-<step>`` directories in ``directory``, ascending."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(path.name.split("-")[1]) for path in directory.glob("checkpoint-*"))

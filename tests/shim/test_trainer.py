@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, jit_lines
+from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps, jit_lines
 
 MAX_STEPS = 12
-
-
-def checkpoint_steps(directory: Path) -> list[int]:
-    if not directory.is_dir():
-        return []
-    return sorted(int(path.name.split("-")[1]) for path in directory.glob("checkpoint-*"))
 
 
 def assert_same_weights(left: Path, right: Path) -> None:

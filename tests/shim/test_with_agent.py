@@ -1,0 +1,151 @@
+"""The shim talking to the real ``jitckpt agent`` over its socket, uploading to a real S3."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from sidecar.demo.s3server import LocalS3
+from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps, jit_lines
+from tests.sidecar.agentproc import AgentProcess
+
+MANIFEST = ".jitckpt/node-0.json"
+
+
+def uploaded(local_s3: LocalS3, destination: str) -> dict[int, set[str]]:
+    """Object names per checkpoint step under the job root in S3."""
+    env = local_s3.credentials_env()
+    client: Any = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_S3_ENDPOINT"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    bucket, prefix = destination.removeprefix("s3://").split("/", 1)
+    found: dict[int, set[str]] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            head, _, rest = item["Key"][len(prefix) + 1 :].partition("/")
+            if head.startswith("checkpoint-"):
+                found.setdefault(int(head.split("-")[1]), set()).add(rest)
+    return found
+
+
+@pytest.mark.slow
+def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: LocalS3, spawn: Spawn, tmp_path: Path
+) -> None:
+    common = [*TRAIN_TINY, "--output-dir", str(tmp_path / "out"), "--max-steps", "20"]
+    run = spawn(
+        [PYTHON, *common, "--save-steps", "2", "--save-total-limit", "1", "--step-sleep", "0.3"],
+        shim_env.env,
+    )
+    run.wait_for("rank 0 step 7/", timeout=90)
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 143
+    output = run.output()
+    jit_step = int(output.split("stopping at step ")[1].split(" ")[0])
+    assert f"jit checkpoint-{jit_step} handed to the sidecar" in output
+    assert "periodic checkpoint-2 handed to the sidecar" in output
+    # save_total_limit=1 deleted the older directories locally...
+    assert sorted(p.name for p in shim_env.checkpoints.iterdir()) == [f"checkpoint-{jit_step}"]
+    agent.wait_for(lambda: agent.committed_step() == jit_step, 60, "the JIT commit")
+    objects = uploaded(local_s3, agent.destination)
+    # ...yet every staged checkpoint went up whole, with its manifest.
+    for step in (2, 4, 6, jit_step):
+        assert {"model.safetensors", "optimizer.pt", "trainer_state.json", MANIFEST} <= objects[
+            step
+        ], (step, objects.get(step))
+    agent.wait_for(lambda: not any(agent.staging.glob("checkpoint-*")), 30, "staging cleanup")
+
+    # A new pod: empty local dir, the sidecar restores the newest valid checkpoint.
+    agent.terminate()
+    fresh = ShimEnv(tmp_path / "pod-2")
+    again = AgentProcess(
+        root=fresh.root, destination=agent.destination, s3_env=local_s3.credentials_env()
+    )
+    again.start()
+    try:
+        again.wait_ready(timeout=60)
+        resumed = spawn([PYTHON, *common], fresh.env)
+        assert resumed.wait() == 0, resumed.output()
+    finally:
+        again.kill()
+    assert f"resuming from {fresh.checkpoints}/checkpoint-{jit_step}" in resumed.output()
+    assert "train() returned at step 20" in resumed.output()
+
+
+@pytest.mark.slow
+def test_sidecar_gone_mid_run_training_goes_on_and_says_so_once(
+    shim_env: ShimEnv, agent: AgentProcess, spawn: Spawn, tmp_path: Path
+) -> None:
+    run = spawn(
+        [
+            PYTHON,
+            *TRAIN_TINY,
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "16",
+            "--save-steps",
+            "3",
+            "--step-sleep",
+            "0.2",
+        ],
+        shim_env.env,
+    )
+    run.wait_for("periodic checkpoint-3 handed to the sidecar", timeout=90)
+    agent.kill()  # SIGKILL: the socket file stays, nobody answers
+    assert run.wait() == 0, run.output()
+    output = run.output()
+    assert "train() returned at step 16" in output
+    gone = [line for line in jit_lines(output) if "did not answer" in line]
+    assert len(gone) == 1, jit_lines(output)
+    assert checkpoint_steps(shim_env.checkpoints) == [3, 6, 9, 12, 15, 16]
+
+
+PLAIN_LOOP_SCRIPT = """
+import os, sys, time
+import torch
+import torch.distributed  # a plain loop: no transformers
+root = os.path.join(os.environ["JITCKPT_DIR"], "checkpoints")
+
+def save(step):
+    path = os.path.join(root, "checkpoint-%d" % step)
+    os.makedirs(path)
+    state = {"step": step, "w": torch.full((1000,), float(step))}
+    torch.save(state, os.path.join(path, "state.pt"))
+    print("wrote checkpoint-%d" % step, flush=True)
+
+save(1)
+save(2)
+time.sleep(float(sys.argv[1]))
+print("second phase", flush=True)
+save(3)
+"""
+
+
+@pytest.mark.slow
+def test_plain_loop_checkpoints_staged_once_complete(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: LocalS3, spawn: Spawn, tmp_path: Path
+) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(PLAIN_LOOP_SCRIPT))
+    run = spawn([PYTHON, str(script), "7"], shim_env.env)
+    assert run.wait(timeout=90) == 0, run.output()
+    output = run.output()
+    # checkpoint-1 went once checkpoint-2 existed; 2 and 3 when the process ended.
+    assert output.index("checkpoint-1 handed") < output.index("second phase")
+    assert output.index("second phase") < output.index("checkpoint-2 handed")
+    assert "checkpoint-3 handed" in output
+    agent.wait_for(lambda: agent.committed_step() == 3, 60, "the last commit")
+    objects = uploaded(local_s3, agent.destination)
+    assert {step: names for step, names in objects.items()} == {
+        step: {"state.pt", MANIFEST} for step in (1, 2, 3)
+    }
