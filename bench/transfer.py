@@ -1,7 +1,9 @@
 """Transfer: throughput and CPU s/GB of the sidecar's storage layer, against s5cmd and boto3.
 
 Two payloads: one large file of random bytes, and a real HF checkpoint
-directory (bench/checkpoint_files.py). Each client uploads to its own prefix
+directory (bench/checkpoint_files.py). A fourth subject runs the sidecar's
+storage layer with s5cmd-sized parts and more in flight (JITCKPT_PART_SIZE,
+JITCKPT_UPLOAD_CONCURRENCY), to show what its defaults cost. Each client uploads to its own prefix
 of the same LocalS3 bucket, then downloads what it uploaded into an empty
 directory. Clients alternate order every repetition. The part size and
 concurrency each client used are recorded with its samples.
@@ -34,7 +36,10 @@ from bench.results import Case, Series
 
 NAME = "transfer"
 BUCKET = "bench-transfer"
-CLIENTS = ("jitckpt", "s5cmd", "boto3")
+JITCKPT_TUNED = "jitckpt 64MiB x 8"
+CLIENTS = ("jitckpt", "s5cmd", "boto3", JITCKPT_TUNED)
+# The sidecar's knobs (sidecar/config.py) for the tuned run: s5cmd-sized parts, more in flight.
+TUNED_ENV = {"JITCKPT_PART_SIZE": str(64 * 1024 * 1024), "JITCKPT_UPLOAD_CONCURRENCY": "8"}
 DIRECTIONS = ("upload", "download")
 MB = 1_000_000
 # s5cmd's defaults (s5cmd cp --help): --part-size 50 MiB, --concurrency 5 per file.
@@ -98,7 +103,7 @@ def run_worker(client: str, args: list[str], env: dict[str, str]) -> Measured:
 def transfer(
     client: str, direction: str, payload: Payload, target: Path, env: dict[str, str]
 ) -> Measured:
-    prefix = f"{client}/{payload.name}"
+    prefix = f"{client.split(maxsplit=1)[0]}-{CLIENTS.index(client)}/{payload.name}"
     if client == "s5cmd":
         remote = f"s3://{BUCKET}/{prefix}/"
         if direction == "upload":
@@ -106,7 +111,10 @@ def transfer(
             return run_s5cmd(["cp", source, remote], env)
         return run_s5cmd(["cp", remote + "*", f"{target}/"], env)
     args = ["--direction", direction, "--local", str(payload.path), "--target", str(target)]
-    return run_worker(client, [*args, "--bucket", BUCKET, "--prefix", prefix], env)
+    args += ["--bucket", BUCKET, "--prefix", prefix]
+    if client == JITCKPT_TUNED:
+        return run_worker("jitckpt", args, dict(env, **TUNED_ENV))
+    return run_worker(client, args, env)
 
 
 def run(options: BenchOptions) -> list[Case]:
@@ -132,7 +140,7 @@ def run(options: BenchOptions) -> list[Case]:
             for payload in payloads:
                 for direction in DIRECTIONS:
                     for client in order:
-                        target = work / "download" / client
+                        target = work / "download" / str(CLIENTS.index(client))
                         shutil.rmtree(target, ignore_errors=True)
                         target.mkdir(parents=True)
                         measured = transfer(client, direction, payload, target, env)

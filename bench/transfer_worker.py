@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +47,17 @@ class Job:
 
 
 async def _jitckpt(job: Job) -> dict[str, Any]:
+
     from sidecar import checksum
-    from sidecar.config import AgentConfig
+    from sidecar.config import ENV_CONCURRENCY, ENV_PART_SIZE, AgentConfig
     from sidecar.storage.factory import open_store
 
+    # The sidecar's own tuning knobs pass through; everything else is its default.
+    tuning = {
+        name: os.environ[name] for name in (ENV_PART_SIZE, ENV_CONCURRENCY) if name in os.environ
+    }
     config = AgentConfig.from_env(
-        {"JITCKPT_DESTINATION": f"s3://{job.bucket}/{job.prefix}", "JITCKPT_VERIFY_ACCESS": "0"}
+        {"JITCKPT_DESTINATION": f"s3://{job.bucket}/{job.prefix}", **tuning}
     )
     files = job.files()
     expected = {}
@@ -81,7 +87,6 @@ async def _jitckpt(job: Job) -> dict[str, Any]:
 
 
 def _boto3(job: Job) -> dict[str, Any]:
-    import os
 
     import boto3
     from boto3.s3.transfer import TransferConfig
