@@ -88,7 +88,12 @@ class EventPoster:
             api.create_namespaced_event(self._namespace, body)
             if annotation is not None:
                 patch = {"metadata": {"annotations": {ANNOTATION: json.dumps(annotation)}}}
-                api.patch_namespaced_pod(self._pod, self._namespace, patch)
+                api.patch_namespaced_pod(
+                    self._pod,
+                    self._namespace,
+                    patch,
+                    _content_type="application/merge-patch+json",  # a dict, not a JSON Patch
+                )
         except ApiException as exc:
             if exc.status in (401, 403):
                 self._disable(

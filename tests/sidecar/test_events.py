@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
 import logging
+import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,3 +67,107 @@ def test_unreachable_api_is_logged_once(
     lines = [r.getMessage() for r in caplog.records if "Kubernetes Events off" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "API unreachable" in lines[0] or "API error" in lines[0]
+
+
+class _ApiServer:
+    """A TLS endpoint standing in for the kube-apiserver: records requests, answers a status."""
+
+    def __init__(self, tmp_path: Path, status: int) -> None:
+        from webhook.certs import generate
+
+        bundle = generate(["127.0.0.1"])
+        (tmp_path / "tls.crt").write_bytes(bundle.cert_pem)
+        (tmp_path / "tls.key").write_bytes(bundle.key_pem)
+        self.ca = tmp_path / "ca.crt"
+        self.ca.write_bytes(bundle.ca_pem)
+        self.requests: list[dict[str, object]] = []
+        records = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                request = json.loads(self.rfile.read(length) or b"null")
+                records.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "type": self.headers.get("Content-Type"),
+                        "auth": self.headers.get("Authorization"),
+                        "body": request,
+                    }
+                )
+                # Like the API server: the stored object back, or a Status on refusal.
+                answer = request if status < 300 else {"kind": "Status", "code": status}
+                body = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_PATCH = _answer
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _in_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int
+) -> tuple[_ApiServer, EventPoster]:
+    from kubernetes.config import incluster_config
+
+    api = _ApiServer(tmp_path, status)
+    token = tmp_path / "token"
+    token.write_text("sa-token")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(api.ca))
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(api.port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return api, EventPoster("ns-a", "job-1-master-0", env=env)
+
+
+def test_events_and_annotation_posted_when_permitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, poster = _in_cluster(tmp_path, monkeypatch, 201)
+    _post_three(poster)
+    api.server.shutdown()
+    assert poster.disabled_reason is None
+    events = [r for r in api.requests if r["method"] == "POST"]
+    patches = [r for r in api.requests if r["method"] == "PATCH"]
+    assert [e["path"] for e in events] == ["/api/v1/namespaces/ns-a/events"] * 3
+    body = events[2]["body"]
+    assert isinstance(body, dict)
+    assert body["reason"] == "CheckpointUploaded"
+    assert body["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "job-1-master-0",
+        "namespace": "ns-a",
+    }
+    assert str(events[0]["auth"]).lower() == "bearer sa-token"
+    assert patches[0]["path"] == "/api/v1/namespaces/ns-a/pods/job-1-master-0"
+    assert patches[0]["type"] == "application/merge-patch+json"
+    assert patches[0]["body"] == {
+        "metadata": {"annotations": {"jitckpt.io/last-checkpoint": '{"step": 1}'}}
+    }
+
+
+def test_forbidden_is_logged_once_then_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    api, poster = _in_cluster(tmp_path, monkeypatch, 403)
+    with caplog.at_level(logging.INFO, logger="sidecar.events"):
+        _post_three(poster)
+    api.server.shutdown()
+    lines = [r.getMessage() for r in caplog.records if "Kubernetes Events off" in r.getMessage()]
+    assert len(lines) == 1 and "ClusterRole jitckpt-reporter" in lines[0]
+    assert len(api.requests) == 1, "nothing posted after the refusal"
