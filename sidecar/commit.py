@@ -17,6 +17,10 @@ from sidecar import checksum
 from sidecar import manifest as mf
 from sidecar.storage.base import PartGate, Store
 
+# Files open at once: parts and ranges are bounded by the store, this bounds descriptors
+# and memory for checkpoints made of thousands of shards.
+FILES_IN_FLIGHT = 16
+
 
 @dataclass(frozen=True)
 class CommitResult:
@@ -44,11 +48,13 @@ async def commit_node(
 ) -> CommitResult:
     """Upload ``files`` (relative to ``source``) under ``checkpoint-<step>/`` and commit."""
     started = time.monotonic()
+    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
 
     async def one(relative: str) -> tuple[mf.FileEntry, int]:
         path = source / relative
-        crc = await asyncio.to_thread(checksum.of_file, path)
-        result = await store.put_file(mf.file_key(step, relative), path, crc, gate)
+        async with slots:
+            crc = await asyncio.to_thread(checksum.of_file, path)
+            result = await store.put_file(mf.file_key(step, relative), path, crc, gate)
         entry = mf.FileEntry(path=relative, size=result.size, crc32c=crc, parts=result.parts)
         return entry, result.retries
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sidecar import checksum
 from sidecar import manifest as mf
+from sidecar.commit import FILES_IN_FLIGHT
 from sidecar.staging import SHARED_DIR_MODE, make_shared_dir
 from sidecar.storage.base import Store, VerificationError
 from sidecar.validity import CheckpointState, scan
@@ -98,13 +99,15 @@ async def download(store: Store, state: CheckpointState, checkpoints_dir: Path) 
     partial = checkpoints_dir / f".restore-{mf.checkpoint_dir(state.step)}"
     shutil.rmtree(partial, ignore_errors=True)
     make_shared_dir(partial)
+    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
+
+    async def fetch(relative: str, entry: mf.FileEntry) -> None:
+        async with slots:
+            key = mf.file_key(state.step, relative)
+            await store.get_file(key, partial / relative, entry.size, entry.crc32c)
+
     try:
-        await asyncio.gather(
-            *(
-                store.get_file(mf.file_key(state.step, p), partial / p, e.size, e.crc32c)
-                for p, e in files.items()
-            )
-        )
+        await asyncio.gather(*(fetch(p, e) for p, e in files.items()))
         await asyncio.to_thread(_share_tree, partial)
         if target.exists():
             shutil.rmtree(target)

@@ -59,7 +59,12 @@ class StagedJob:
 def make_shared_dir(path: Path) -> None:
     """Create ``path`` (and parents) writable by the trainer's and the sidecar's users."""
     path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, SHARED_DIR_MODE)
+    try:
+        os.chmod(path, SHARED_DIR_MODE)
+    except PermissionError:
+        # Made by another user (a trainer that started first): fine if it is shared already.
+        if stat.S_IMODE(path.stat().st_mode) & SHARED_DIR_MODE != SHARED_DIR_MODE:
+            log.warning("%s belongs to another user and is not mode 0777", path)
 
 
 def _allowed(info: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:

@@ -32,8 +32,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+CLAIM_DIR_MODE = 0o775  # every node's sidecar runs as the image's uid; group for fsGroup
+
+
 def _makedirs(path: Path) -> None:
-    """Directories other pods' sidecars (maybe other uids) can also write into."""
+    """Directories the other nodes' sidecars (same uid, or the pod's fsGroup) write into."""
     missing: list[Path] = []
     current = path
     while not current.exists():
@@ -41,8 +44,8 @@ def _makedirs(path: Path) -> None:
         current = current.parent
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o777)
-            os.chmod(directory, 0o777)
+            directory.mkdir(mode=CLAIM_DIR_MODE)
+            os.chmod(directory, CLAIM_DIR_MODE)
 
 
 def atomic_write(target: Path, source: Path | None, data: bytes | None) -> str:
