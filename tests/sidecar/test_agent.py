@@ -258,3 +258,47 @@ def test_grace_too_short_is_reported(agent: AgentProcess) -> None:
     assert "grace period 2 s is too short for the measured checkpoint" in message
     assert "raise jitckpt.io/grace-period-seconds by at least 1 s" in message
     assert "too short" in agent.log()
+
+
+def test_readyz_waits_for_the_restore(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """The startupProbe: /healthz answers at once, /readyz only once the restore is done."""
+    from tests.support.faultproxy import FaultProxy
+
+    destination = f"s3://{bucket}/ns/job"
+
+    async def seed() -> None:
+        async with open_store(AgentConfig(destination=destination)) as store:
+            await commit(store, make_checkpoint(tmp_path, 3, {"model.bin": 4096}), 3)
+
+    asyncio.run(seed())
+    with FaultProxy(local_s3.endpoint) as proxy:
+        proxy.stall(10, times=1, method="GET", path="model.bin")
+        env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent = AgentProcess(
+            root=tmp_path / "pod",
+            destination=destination,
+            s3_env=env,
+            extra_env={"JITCKPT_S3_READ_TIMEOUT": "2"},
+        )
+        agent.root.mkdir()
+        seen: list[tuple[int, str]] = []
+
+        def probe() -> bool:
+            try:
+                code, body = agent.get("/readyz")
+            except OSError:
+                return False
+            seen.append((code, body.strip()))
+            return code == 200
+
+        try:
+            agent.start()
+            agent.wait_for(probe, 60, "ready")
+            assert (503, "not ready: restoring") in seen, seen
+            assert agent.get("/healthz")[0] == 200
+            assert agent.status()["restored"]["step"] == 3
+            assert agent.terminate() == 0
+        finally:
+            agent.kill()
