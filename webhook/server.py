@@ -107,6 +107,19 @@ class AdmissionHandler:
             req = parse_review(body)
         except ReviewError as exc:
             return self._failed(exc)
+        try:
+            return await self._review(req)
+        except Exception:
+            # A bug of ours must not block pod creation or leak a stack trace:
+            # admit unchanged, count it, log it.
+            log.exception("mutation failed", extra={"fields": {"uid": req.uid}})
+            self.metrics.failed.labels(reason="internal").inc()
+            return 200, review(
+                req.uid,
+                warnings=["jitckpt: internal error while injecting; pod admitted unchanged"],
+            )
+
+    async def _review(self, req: PodRequest) -> tuple[int, dict[str, Any]]:
         if req.operation != "CREATE":
             return self._skipped(req, "not-create", f"operation {req.operation} is not reviewed")
         namespace = await self._namespace(req.namespace)
@@ -118,15 +131,7 @@ class AdmissionHandler:
                 "pod admitted without checkpointing",
                 warn=True,
             )
-        try:
-            result = mutate(req.pod, namespace, self.config, require_opt_in=True)
-        except Exception:
-            log.exception("mutation failed", extra={"fields": {"uid": req.uid}})
-            self.metrics.failed.labels(reason="internal").inc()
-            return 200, review(
-                req.uid,
-                warnings=["jitckpt: internal error while injecting; pod admitted unchanged"],
-            )
+        result = mutate(req.pod, namespace, self.config, require_opt_in=True)
         return self._answer(req, result)
 
     async def _namespace(self, name: str) -> NamespaceInfo | None:

@@ -175,3 +175,22 @@ def test_each_admission_logs_one_json_line(client: TestClient) -> None:
     assert len(injected) == 1
     assert injected[0]["uid"] == "uid-for-log" and injected[0]["namespace"] == "team-a"
     assert injected[0]["pod"] == "bert-ft-master-0"
+
+
+class BrokenCache(NamespaceCache):
+    """Fault injection: a namespace lookup that raises, as a bug of ours would."""
+
+    def get(self, name: str) -> NamespaceInfo | None:
+        raise RuntimeError("bug")
+
+
+def test_an_internal_error_admits_unchanged_without_a_stack_trace() -> None:
+    cache = BrokenCache()
+    cache.replace_all([TEAM_A])
+    with TestClient(create_app(WebhookConfig(), cache)) as client:
+        response = post(client, fixture("pytorchjob-master.yaml"))
+        assert response["allowed"] is True and "patch" not in response
+        assert response["warnings"] == [
+            "jitckpt: internal error while injecting; pod admitted unchanged"
+        ]
+        assert metric(client, "jitckpt_webhook_failed_total", reason="internal") == 1
