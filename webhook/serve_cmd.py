@@ -26,9 +26,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "from --cert-dir and re-read whenever they change.",
     )
     serve.add_argument("--cert-dir", type=Path, required=True, help="directory of tls.crt/tls.key")
-    serve.add_argument("--port", type=int, default=8443)
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--config", type=Path, default=None, help="YAML config (defaults: ...)")
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="YAML config file: cluster-wide `defaults:` and injection options",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--no-kube-api",
@@ -41,10 +46,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="create the serving certificate (shared through a Secret) and patch the "
         "MutatingWebhookConfiguration's caBundle at start",
     )
-    serve.add_argument("--webhook-config-name", default="jitckpt-webhook")
+    serve.add_argument(
+        "--webhook-config-name",
+        default="jitckpt-webhook",
+        help="the MutatingWebhookConfiguration whose caBundle --self-signed patches",
+    )
     serve.add_argument("--service", default=DEFAULT_SERVICE, help="the webhook's Service, NAME.NS")
     serve.add_argument(
-        "--tls-secret", default="jitckpt-webhook-tls", help="self-signed mode's Secret"
+        "--tls-secret",
+        default="jitckpt-webhook-tls",
+        help="the Secret --self-signed keeps the shared certificate in",
     )
     serve.set_defaults(func=run_serve)
 
