@@ -4,7 +4,7 @@ Drift is found by re-deriving the injection. The status annotation names
 everything that was added, so ``strip`` gives back the admitted pod; then
 
 - ``config``: the current configuration would inject something else (the
-  digest of the patch it would make differs from the recorded one);
+  digest of the spec patch it would make differs from the recorded one);
 - ``edited``: the injected parts differ from what the recorded configuration
   injects (someone changed the sidecar, a volume, the trainer's env...);
 - ``missing``: not injected, but the current configuration would inject it.
@@ -16,7 +16,6 @@ is audited correctly.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,6 @@ from webhook.mutate import NamespaceInfo, mutate
 from webhook.settings import PREFIX, SOURCE_NAMESPACE, parse_quantity
 from webhook.status import (
     InjectionStatus,
-    drop_status_annotation,
     looks_injected,
     read_status,
     strip,
@@ -129,7 +127,7 @@ def audit_pod(
 ) -> PodAudit:
     """Audit ``pod``; ``namespace`` is None when the input did not describe it."""
     meta = pod.get("metadata") or {}
-    ns_name = meta.get("namespace") or "default"
+    ns_name = namespace.name if namespace else (meta.get("namespace") or "default")
     name = meta.get("name") or f"{meta.get('generateName') or ''}*"
     spec = pod.get("spec") or {}
     row = PodAudit(ns_name, name, looks_injected(pod))
@@ -181,15 +179,7 @@ def audit_pod(
     if not current.injected:
         row.drift.append("config")
         row.notes.append(f"the current configuration would not inject it: {current.message}")
-    elif patches.digest(patches.diff(original, _without_status(current.pod))) != (
-        status.patchSha256
-    ):
+    elif patches.spec_digest(original, current.pod) != status.patchSha256:
         row.drift.append("config")
         row.notes.append("the current configuration would inject it differently")
     return row
-
-
-def _without_status(pod: dict[str, Any]) -> dict[str, Any]:
-    copied = copy.deepcopy(pod)
-    drop_status_annotation(copied)
-    return copied

@@ -26,6 +26,7 @@ from webhook.status import (
     VOL_RUN,
     VOL_SHIM,
     InjectionStatus,
+    strip,
 )
 
 STATUS_PORT_NAME = "jitckpt-status"
@@ -37,7 +38,6 @@ CONFIG_FIELDS = {
     "sidecar-user-id": "sidecar_user_id",
 }
 PYTHONPATH = "PYTHONPATH"
-DEFAULT_GRACE = 30  # what Kubernetes uses when the pod says nothing
 # The startupProbe gates the trainer until the restore is done; a large
 # checkpoint may take hours to download, so allow 12 hours.
 PROBE_PERIOD = 2
@@ -68,6 +68,15 @@ def shutdown_timeout(grace: int) -> int:
     """torchrun's worker shutdown budget: the grace period minus a margin for its own exit."""
     margin = min(30, max(5, grace // 10))
     return max(1, grace - margin)
+
+
+def _list(holder: dict[str, Any], key: str) -> list[Any]:
+    """``holder[key]`` as a list to extend; an absent or null list becomes []."""
+    value = holder.get(key)
+    if not isinstance(value, list):
+        value = []
+        holder[key] = value
+    return value
 
 
 def _env(name: str, value: str) -> dict[str, Any]:
@@ -203,7 +212,7 @@ def _trainer_env(
 ) -> tuple[list[str], list[str]]:
     """Add the trainer's env in place; returns (names added, names edited in place)."""
     name = container["name"]
-    env = container.setdefault("env", [])
+    env = _list(container, "env")
     existing = {e.get("name"): e for e in env if isinstance(e, dict)}
     added: list[str] = []
     prepended: list[str] = []
@@ -246,7 +255,8 @@ def _trainer_env(
 
 def _prestop(container: dict[str, Any], warnings: list[str]) -> bool:
     """Add the hook that SIGTERMs the registered processes; False when one exists."""
-    lifecycle = container.setdefault("lifecycle", {})
+    lifecycle = container.get("lifecycle") or {}
+    container["lifecycle"] = lifecycle
     if "preStop" in lifecycle:
         warnings.append(
             f"kept container {container['name']!r}'s own preStop hook: training processes "
@@ -297,11 +307,11 @@ def build(
         status.gracePeriod = {"from": before if isinstance(before, int) else None, "to": grace}
 
     volumes = _volumes(values, pvc_claim)
-    spec.setdefault("volumes", []).extend(volumes)
+    _list(spec, "volumes").extend(volumes)
     status.volumes = [v["name"] for v in volumes]
 
     trainer_container = spec["containers"][trainer.container_index]
-    trainer_container.setdefault("volumeMounts", []).extend(_shared_mounts(shim_read_only=True))
+    _list(trainer_container, "volumeMounts").extend(_shared_mounts(shim_read_only=True))
     added, prepended = _trainer_env(trainer_container, values, grace, warnings)
     status.env = {trainer_container["name"]: added}
     if prepended:
@@ -312,7 +322,7 @@ def build(
         trainer_container.pop("lifecycle")
 
     plan = _Plan(values, config, trainer, root, grace, secret, pvc_claim is not None)
-    init = spec.setdefault("initContainers", [])
+    init = _list(spec, "initContainers")
     if mode == "native":
         agent = plan.container(AGENT, ["jitckpt", "agent"])
         agent["restartPolicy"] = "Always"
@@ -330,7 +340,9 @@ def build(
         status.initContainers = [RESTORE]
         status.containers = [AGENT]
 
-    status.patchSha256 = patches.digest(patches.diff(pod, out))
+    # Digest against the pod as ``strip`` rebuilds it, so an audit that re-derives
+    # the injection from a stripped pod computes the same digest.
+    status.patchSha256 = patches.spec_digest(strip(out, status), out)
     metadata = out.setdefault("metadata", {})
     metadata["annotations"] = {**(metadata.get("annotations") or {}), STATUS_KEY: status.to_json()}
     return Injected(out, status, warnings)

@@ -47,10 +47,6 @@ class TrainerPod:
     nnodes: EnvSource | None
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def container_name(self) -> str:
-        return PT_CONTAINER if self.kind == PYTORCHJOB else TJ_CONTAINER
-
 
 @dataclass(frozen=True)
 class NotTrainer:
@@ -92,6 +88,47 @@ def _copy_env(container: dict[str, Any], names: tuple[str, ...]) -> EnvSource | 
     return None
 
 
+_NAMED_LISTS = ("containers", "initContainers", "volumes")
+_CONTAINER_NAMED_LISTS = ("env", "volumeMounts")
+
+
+def _named_objects(value: Any) -> bool:
+    """None, or a list of objects that each have a string ``name``."""
+    if value is None:
+        return True
+    return isinstance(value, list) and all(
+        isinstance(i, dict) and isinstance(i.get("name"), str) for i in value
+    )
+
+
+def _malformed(spec: dict[str, Any], trainer: dict[str, Any]) -> str | None:
+    """The first part the injection reads or extends that lacks its Pod schema type."""
+    for key in _NAMED_LISTS:
+        if not _named_objects(spec.get(key)):
+            return f"spec.{key}"
+    grace = spec.get("terminationGracePeriodSeconds")
+    if grace is not None and (not isinstance(grace, int) or isinstance(grace, bool)):
+        return "spec.terminationGracePeriodSeconds"
+    for key in _CONTAINER_NAMED_LISTS:
+        if not _named_objects(trainer.get(key)):
+            return f"trainer container {key}"
+    for entry in trainer.get("env") or []:
+        if not isinstance(entry.get("value", ""), str):
+            return f"trainer container env {entry['name']}"
+    for key in ("lifecycle",):
+        if trainer.get(key) is not None and not isinstance(trainer[key], dict):
+            return f"trainer container {key}"
+    return None
+
+
+def _malformed_metadata(metadata: dict[str, Any]) -> str | None:
+    for key in ("labels", "annotations"):
+        value = metadata.get(key)
+        if value is not None and not isinstance(value, dict):
+            return f"metadata.{key}"
+    return None
+
+
 def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
     """Classify ``pod``: a PyTorchJob or TrainJob trainer, or not a trainer (and why)."""
     metadata = pod.get("metadata")
@@ -122,6 +159,9 @@ def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
     if index is None:
         return NotTrainer(f"a {kind} pod without the trainer container {container!r}")
     trainer = spec["containers"][index]
+    problem = _malformed(spec, trainer) or _malformed_metadata(metadata)
+    if problem is not None:
+        return NotTrainer(f"a {kind} pod with a malformed {problem}")
     notes: list[str] = []
     rank = _copy_env(trainer, _RANK_ENV[kind])
     if rank is None and kind == TRAINJOB and COMPLETION_INDEX in annotations:

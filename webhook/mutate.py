@@ -72,22 +72,10 @@ def _skip(
     return MutationResult(pod, [], False, reason, message, warnings or [], {}, deny)
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _strings(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
-
-
-def pod_label(pod: dict[str, Any]) -> str:
-    """``namespace/name`` (or the generateName prefix with ``*``) for messages."""
-    metadata = _as_dict(pod.get("metadata"))
-    name = metadata.get("name") or f"{metadata.get('generateName') or ''}*"
-    namespace = metadata.get("namespace")
-    return f"{namespace}/{name}" if namespace else str(name)
 
 
 def _name_clash(pod: dict[str, Any]) -> str | None:
@@ -134,11 +122,15 @@ def mutate(
             elif found[settings.INJECT_KEY] == "false":
                 return _skip(pod, SKIP_OPTED_OUT, f"opted out by {settings.INJECT_KEY}=false")
 
-    if require_opt_in and namespace.labels.get(settings.INJECTION_LABEL) != "enabled":
+    if (
+        require_opt_in
+        and namespace.labels.get(settings.INJECTION_LABEL) != settings.INJECTION_ENABLED
+    ):
         return _skip(
             pod,
             SKIP_NOT_OPTED_IN,
-            f"namespace {namespace.name} lacks the label {settings.INJECTION_LABEL}=enabled",
+            f"namespace {namespace.name} lacks the label "
+            f"{settings.INJECTION_LABEL}={settings.INJECTION_ENABLED}",
         )
     if pod["spec"].get("hostNetwork") is True:
         return _skip(pod, SKIP_HOST_NETWORK, "hostNetwork pods are not injected")

@@ -2,7 +2,7 @@
 
 The mutation builds the wanted pod and lets ``jsonpatch`` find the operations,
 so the HTTP path and the offline path cannot disagree on what changed. The
-digest is over a canonical JSON form, so the same change always hashes alike.
+digest is over a canonical form, so the same change always hashes alike.
 """
 
 from __future__ import annotations
@@ -36,5 +36,19 @@ def canonical_json(value: Any) -> str:
 
 
 def digest(patch: Patch) -> str:
-    """SHA-256 (hex) of the patch's canonical JSON."""
-    return hashlib.sha256(canonical_json(patch).encode("ascii")).hexdigest()
+    """SHA-256 (hex) of the patch's operations as a set of canonical JSON lines.
+
+    A fingerprint, not instructions: the operations are sorted so that two
+    equal pods whose keys merely come in another order hash alike.
+    """
+    lines = sorted(canonical_json(op) for op in patch)
+    return hashlib.sha256("\n".join(lines).encode("ascii")).hexdigest()
+
+
+def spec_digest(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Digest of the operations that change the pod's spec.
+
+    Everything an injection adds lives in the spec; its one metadata change is
+    the status annotation, which records this digest and so cannot be part of it.
+    """
+    return digest(diff({"spec": before.get("spec")}, {"spec": after.get("spec")}))

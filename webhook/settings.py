@@ -290,15 +290,17 @@ def validate_value(name: str, value: str, source: str) -> SettingError | None:
 
 
 def _from_annotations(annotations: Mapping[str, str], source: str, out: Resolution) -> None:
+    """Take the ``jitckpt.io/*`` settings of ``annotations`` (of the pod or namespace)."""
+    where = f"{source} annotation"
     for key, value in annotations.items():
         if not isinstance(key, str) or not key.startswith(PREFIX) or key in RESERVED_KEYS:
             continue
         name = key[len(PREFIX) :]
         if name not in SETTINGS:
-            out.warnings.append(f"unknown annotation {key} (from {source}) is ignored")
+            out.warnings.append(f"unknown annotation {key} (from {where}) is ignored")
             continue
         text = value if isinstance(value, str) else str(value)
-        error = validate_value(name, text, source)
+        error = validate_value(name, text, where)
         if error is not None:
             out.errors.append(error)
             continue
@@ -324,10 +326,8 @@ def resolve(
             continue
         out.values[name] = value
         out.sources[name] = SOURCE_CLUSTER
-    _from_annotations(namespace_annotations, SOURCE_NAMESPACE + " annotation", out)
-    _from_annotations(pod_annotations, SOURCE_POD + " annotation", out)
-    for name, source in out.sources.items():
-        out.sources[name] = source.removesuffix(" annotation")
+    _from_annotations(namespace_annotations, SOURCE_NAMESPACE, out)
+    _from_annotations(pod_annotations, SOURCE_POD, out)
     return out
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
 
 from shim import layout
 from webhook.settings import STATUS_KEY
@@ -27,43 +28,37 @@ OUR_CONTAINERS = (AGENT, RESTORE)
 OUR_VOLUMES = (VOL_LOCAL, VOL_RUN, VOL_SHIM, VOL_PVC)
 
 
-@dataclass
-class InjectionStatus:
-    """The JSON of the status annotation (camelCase keys when serialised)."""
+class InjectionStatus(BaseModel):
+    """The JSON of the status annotation; parsing checks every field's type."""
 
     version: str
     mode: str
     jobKind: str
     jobName: str
     destination: str  # the job root
-    initContainers: list[str] = field(default_factory=list)
-    containers: list[str] = field(default_factory=list)
-    volumes: list[str] = field(default_factory=list)
-    env: dict[str, list[str]] = field(default_factory=dict)  # container -> names added
-    prependedEnv: dict[str, list[str]] = field(default_factory=dict)  # names edited in place
-    preStop: list[str] = field(default_factory=list)  # containers whose hook was added
-    gracePeriod: dict[str, int | None] = field(default_factory=dict)  # {"from", "to"}
-    config: dict[str, str] = field(default_factory=dict)  # settings used + sidecar-image
-    configSources: dict[str, str] = field(default_factory=dict)
+    initContainers: list[str] = Field(default_factory=list)
+    containers: list[str] = Field(default_factory=list)
+    volumes: list[str] = Field(default_factory=list)
+    env: dict[str, list[str]] = Field(default_factory=dict)  # container -> names added
+    prependedEnv: dict[str, list[str]] = Field(default_factory=dict)  # names edited in place
+    preStop: list[str] = Field(default_factory=list)  # containers whose hook was added
+    gracePeriod: dict[str, int | None] = Field(default_factory=dict)  # {"from", "to"}
+    config: dict[str, str] = Field(default_factory=dict)  # settings used + injector config
+    configSources: dict[str, str] = Field(default_factory=dict)
     patchSha256: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> InjectionStatus:
         """Parse the annotation; ValueError when it is not a status this version wrote."""
         try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{STATUS_KEY} is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{STATUS_KEY} is not a JSON object")
-        known = set(cls.__dataclass_fields__)
-        try:
-            return cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError as exc:
-            raise ValueError(f"{STATUS_KEY} lacks fields: {exc}") from None
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            raise ValueError(f"{STATUS_KEY} is unreadable: {where}: {first['msg']}") from None
 
 
 def read_status(pod: dict[str, Any]) -> InjectionStatus | None:
@@ -72,17 +67,23 @@ def read_status(pod: dict[str, Any]) -> InjectionStatus | None:
     text = annotations.get(STATUS_KEY)
     if text is None:
         return None
+    if not isinstance(text, str):
+        raise ValueError(f"{STATUS_KEY} is not a string")
     return InjectionStatus.from_json(text)
 
 
 def looks_injected(pod: dict[str, Any]) -> bool:
     """A status annotation or any container named like ours."""
-    metadata = pod.get("metadata") or {}
-    if STATUS_KEY in (metadata.get("annotations") or {}):
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if isinstance(annotations, dict) and STATUS_KEY in annotations:
         return True
-    spec = pod.get("spec") or {}
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return False
     for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else []:
             if isinstance(container, dict) and container.get("name") in OUR_CONTAINERS:
                 return True
     return False
