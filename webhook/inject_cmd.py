@@ -31,7 +31,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n", "--namespace", default="default", help="namespace of objects that name none"
     )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = settings_help()
     parser.set_defaults(func=run)
+
+
+def settings_help() -> str:
+    """The settings a user can write, for ``--help`` (``webhook.settings`` is stdlib-only)."""
+    from webhook import settings
+
+    lines = [
+        f"opt in: namespace label {settings.INJECTION_LABEL}={settings.INJECTION_ENABLED} "
+        "(not needed here); opt out: pod label or annotation "
+        f"{settings.INJECT_KEY}=false",
+        "settings (pod annotation > namespace annotation > config defaults > built-in):",
+    ]
+    for setting in settings.SETTINGS.values():
+        default = setting.default if setting.default is not None else "unset"
+        lines.append(f"  {setting.key} (default {default}): {setting.help}")
+    return "\n".join(lines)
 
 
 def read_input(name: str) -> str:

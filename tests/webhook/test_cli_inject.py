@@ -199,3 +199,12 @@ def test_bad_config_key_is_reported(tmp_path: Path) -> None:
     run = jitckpt("inject", "-f", "-", "--config", str(config), stdin="")
     assert run.returncode == 2
     assert "unknown setting 'retention' in defaults" in run.stderr
+
+
+def test_help_lists_every_setting() -> None:
+    from webhook.settings import SETTINGS
+
+    run = jitckpt("inject", "--help")
+    assert run.returncode == 0
+    for setting in SETTINGS.values():
+        assert setting.key in run.stdout
