@@ -107,6 +107,12 @@ def test_tls_round_trip_and_certificate_swap_without_restart(tmp_path: Path) -> 
             names = [c["name"] for c in patched(pod, response)["spec"]["initContainers"]]
             assert "jitckpt-agent" in names
 
+            # Oversized (4 MiB > 3 MiB): cut off while streaming, still answered for its uid.
+            pod["metadata"]["annotations"]["padding"] = "x" * (4 * 1024 * 1024)
+            big = client.post("/mutate", json=admission_review(pod, uid="big"))
+            response = check_answer(big.json(), "big")
+            assert "patch" not in response and "exceeds" in response["warnings"][0]
+
         assert peer_fingerprint(server.url, first_ca) == first
 
         # Rotation: a new CA and certificate written into the served directory.
@@ -129,7 +135,8 @@ def test_tls_round_trip_and_certificate_swap_without_restart(tmp_path: Path) -> 
         metrics = httpx.get(
             server.url + "/metrics", verify=ssl.create_default_context(cafile=str(certs / "ca.crt"))
         ).text
-        assert "jitckpt_webhook_requests_total 2.0" in metrics
+        assert "jitckpt_webhook_requests_total 3.0" in metrics
+        assert 'jitckpt_webhook_failed_total{reason="too-large"} 1.0' in metrics
 
     logs = server.log_lines()  # every line is JSON
     messages = [line["msg"] for line in logs]
