@@ -71,6 +71,12 @@ def test_certs_command_writes_a_ca_and_a_serving_certificate(tmp_path: Path) -> 
     lifetime = leaf.not_valid_after_utc - leaf.not_valid_before_utc
     assert 300 <= lifetime.days <= 400
 
+    # Without --dns: the names the in-cluster Service is reached by.
+    jitckpt("webhook", "certs", "--out", str(tmp_path / "default"))
+    leaf = x509.load_pem_x509_certificate((tmp_path / "default" / "tls.crt").read_bytes())
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "jitckpt-webhook.jitckpt-system.svc" in san.get_values_for_type(x509.DNSName)
+
 
 def test_tls_round_trip_and_certificate_swap_without_restart(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
