@@ -131,3 +131,33 @@ def test_pvc_claim_not_mounted_fails_fast(tmp_path: Path) -> None:
     finally:
         agent.kill()
     assert "is not mounted at" in agent.termination()["message"]
+
+
+def test_resume_false_starts_fresh(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    destination = f"s3://{bucket}/ns/job"
+
+    async def seed() -> None:
+        async with open_store(AgentConfig(destination=destination)) as store:
+            await commit(store, make_checkpoint(tmp_path, 4, {"m": 100}), 4)
+
+    asyncio.run(seed())
+    agent = AgentProcess(
+        root=tmp_path / "pod",
+        destination=destination,
+        s3_env=s3_env,
+        extra_env={"JITCKPT_RESUME": "false"},
+    )
+    agent.root.mkdir()
+    try:
+        agent.start()
+        agent.wait_ready()
+        client = protocol.Client(str(agent.socket))
+        assert client.call(protocol.OP_HELLO, pid=3)["restored"] is None
+        client.close()
+        assert not (agent.local_dir / "checkpoints" / "checkpoint-4").exists()
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+    assert "jitckpt.io/resume is false: not restoring" in agent.log()
