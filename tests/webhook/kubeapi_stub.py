@@ -117,27 +117,33 @@ class KubeAPIStub:
         self._reply(h, 200, doc)
 
     def _watch(self, h: BaseHTTPRequestHandler, since: int, timeout: float) -> None:
+        """One chunk per event (chunked transfer encoding, as the API server streams)."""
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
         h.end_headers()
+
+        def chunk(doc: dict[str, Any]) -> None:
+            data = json.dumps(doc).encode() + b"\n"
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            h.wfile.flush()
+
         deadline = time.monotonic() + timeout
         with self.cond:
             if since < self.expired_below:
-                gone = {
-                    "type": "ERROR",
-                    "object": _status(410, "Expired", "too old resource version"),
-                }
-                h.wfile.write(json.dumps(gone).encode() + b"\n")
-                return
-            while (left := deadline - time.monotonic()) > 0:
-                for version, kind, obj in self.events:
-                    if version > since:
-                        h.wfile.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
-                        since = version
-                h.wfile.flush()
-                if self.expired_below > since:
-                    return  # the server ends watches it can no longer continue
-                self.cond.wait(timeout=left)
+                chunk(
+                    {"type": "ERROR", "object": _status(410, "Expired", "too old resource version")}
+                )
+            else:
+                while (left := deadline - time.monotonic()) > 0:
+                    for version, kind, obj in self.events:
+                        if version > since:
+                            chunk({"type": kind, "object": obj})
+                            since = version
+                    if self.expired_below > since:
+                        break  # the server ends watches it can no longer continue
+                    self.cond.wait(timeout=left)
+        h.wfile.write(b"0\r\n\r\n")
 
     def _secrets(self, h: BaseHTTPRequestHandler, path: str, body: bytes) -> None:
         parts = path.strip("/").split("/")  # api v1 namespaces NS secrets [NAME]
@@ -202,6 +208,8 @@ def serve(stub: KubeAPIStub) -> Iterator[str]:
     """Run ``stub`` on a free port of 127.0.0.1; yields its base URL."""
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def do_GET(self) -> None:
             stub.handle(self)
 
