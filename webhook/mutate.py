@@ -17,7 +17,7 @@ from webhook import jobs, settings
 from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
 from webhook.injection import build
-from webhook.status import OUR_CONTAINERS, OUR_VOLUMES, looks_injected
+from webhook.status import OUR_VOLUMES, looks_injected
 
 SYSTEM_NAMESPACES = ("kube-system",)
 
@@ -78,15 +78,11 @@ def _strings(value: Any) -> dict[str, str]:
     return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
 
 
-def _name_clash(pod: dict[str, Any]) -> str | None:
-    spec = pod["spec"]
-    for volume in spec.get("volumes") or []:
-        if isinstance(volume, dict) and volume.get("name") in OUR_VOLUMES:
-            return f"volume {volume['name']!r}"
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
-            if isinstance(container, dict) and container.get("name") in OUR_CONTAINERS:
-                return f"container {container['name']!r}"
+def _volume_clash(pod: dict[str, Any]) -> str | None:
+    """A volume of the pod's own named like one of ours (containers: ``looks_injected``)."""
+    for volume in pod["spec"].get("volumes") or []:
+        if volume.get("name") in OUR_VOLUMES:
+            return str(volume["name"])
     return None
 
 
@@ -157,12 +153,12 @@ def mutate(
             "defaults: nothing to checkpoint to",
             warnings=resolution.warnings,
         )
-    clash = _name_clash(pod)
+    clash = _volume_clash(pod)
     if clash is not None:
         return _skip(
             pod,
             SKIP_ALREADY_INJECTED,
-            f"the pod already has a {clash} named like jitckpt's own; not injected",
+            f"the pod already has a volume {clash!r} named like jitckpt's own; not injected",
         )
 
     injected = build(
