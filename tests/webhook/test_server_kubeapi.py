@@ -61,7 +61,8 @@ def test_watch_keeps_the_cache_in_step(stub: KubeAPIStub, api: client.ApiClient)
     stub.put_namespace(namespace("kube-system"))
     stub.fail_lists = 2  # the API server is not answering yet
     cache = NamespaceCache()
-    watcher = NamespaceWatcher(api, cache, resync_seconds=1, backoff_initial=0.05)
+    # A long resync: changes must arrive through watch events, not periodic re-lists.
+    watcher = NamespaceWatcher(api, cache, resync_seconds=60, backoff_initial=0.05)
     watcher.start()
     try:
         eventually(lambda: cache.synced)
@@ -70,12 +71,14 @@ def test_watch_keeps_the_cache_in_step(stub: KubeAPIStub, api: client.ApiClient)
         assert team_a is not None and team_a.labels == OPTED_IN
         assert team_a.annotations == {"jitckpt.io/destination": "s3://a/p"}
 
+        lists = stub.requests.count(("GET", "/api/v1/namespaces"))
         stub.put_namespace(namespace("team-b", OPTED_IN))
-        eventually(lambda: cache.get("team-b") is not None)
+        eventually(lambda: cache.get("team-b") is not None, timeout=5)
         stub.put_namespace(namespace("team-a", {}))
         eventually(lambda: cache.get("team-a").labels == {})  # type: ignore[union-attr]
         stub.delete_namespace("team-b")
         eventually(lambda: cache.get("team-b") is None)
+        assert stub.requests.count(("GET", "/api/v1/namespaces")) == lists  # events only
 
         # A change the watch never reports is picked up by the re-list after 410 Gone.
         stub.put_namespace(namespace("team-c", OPTED_IN), silently=True)
