@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from shim import layout
@@ -131,3 +133,47 @@ def test_prestop_reaches_python_under_a_shell(shim_env: ShimEnv, spawn: Spawn) -
 def test_prestop_with_no_registered_process_succeeds(shim_env: ShimEnv) -> None:
     command = injected_prestop(shim_env.run)
     assert subprocess.run(command, check=False, timeout=10).returncode == 0
+
+
+def _interpreter(version: str) -> str | None:
+    """``pythonX.Y`` on PATH, or installed by pyenv (whose shims need a selected version)."""
+    candidates = [shutil.which(f"python{version}")]
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+        versions = Path(root.stdout.strip()) / "versions"
+        candidates += [str(p) for p in sorted(versions.glob(f"{version}.*/bin/python{version}"))]
+    for found in candidates:
+        if found is None:
+            continue
+        done = subprocess.run([found, "-c", "pass"], capture_output=True, check=False, timeout=30)
+        if done.returncode == 0:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.10", "3.12", "3.13"])
+def test_shim_on_other_pythons(version: str, shim_env: ShimEnv, tmp_path: Path) -> None:
+    """Every shim module compiles, and the shim activates and hooks, on Python 3.9 to 3.13."""
+    python = _interpreter(version)
+    if python is None:
+        pytest.skip(f"python{version} is not installed here")
+    sources = sorted(str(path) for path in (REPO / "shim").glob("*.py"))
+    compile_all = "import sys\nfor f in sys.argv[1:]: compile(open(f).read(), f, 'exec')"
+    subprocess.run([python, "-c", compile_all, *sources], check=True, timeout=60)
+    fake = tmp_path / "site" / "transformers"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = 'old'\n")
+    (fake / "trainer.py").write_text("class Trainer:\n    pass\n")
+    script = "import sys, transformers.trainer; print('_jitckpt_shim' in sys.modules)"
+    done = subprocess.run(
+        [python, "-c", script],
+        env={**shim_env.env, "PYTHONPATH": f"{shim_env.env['PYTHONPATH']}:{fake.parent}"},
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "True"
+    assert "transformers old lacks" in done.stderr
+    assert len(jit_lines(done.stderr)) == 1, done.stderr
