@@ -7,6 +7,7 @@ and checks that the next connection presents them, with no restart.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 import ssl
@@ -180,3 +181,44 @@ def test_serve_refuses_an_invalid_config_file(tmp_path: Path) -> None:
         serve(certs, tmp_path, "--config", str(config)),
     ):
         pass
+
+
+def _handshake(server_ctx: ssl.SSLContext, ca_pem: bytes) -> str:
+    """SHA-256 of the certificate ``server_ctx`` presents, over in-memory TLS."""
+    client_ctx = ssl.create_default_context(cadata=ca_pem.decode())
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname=HOST)
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):
+        for side in (client, server):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                side.do_handshake()
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+    der = client.getpeercert(binary_form=True)
+    assert der is not None
+    return hashlib.sha256(der).hexdigest()
+
+
+def test_reload_follows_a_kubelet_style_symlink_flip(tmp_path: Path) -> None:
+    """Secret volumes: tls.crt -> ..data/tls.crt, and ..data is swapped atomically."""
+    from webhook.certs import generate, write_bundle
+    from webhook.tls import ReloadingTLS
+
+    def publish(version: str) -> bytes:
+        bundle = generate([HOST])
+        write_bundle(bundle, tmp_path / version)
+        (tmp_path / "..data_tmp").symlink_to(version)
+        (tmp_path / "..data_tmp").replace(tmp_path / "..data")  # rename(2): atomic
+        return bundle.ca_pem
+
+    first_ca = publish("..2026_01")
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / name).symlink_to(f"..data/{name}")
+    tls = ReloadingTLS(tmp_path)
+    tls.load()
+    assert _handshake(tls.context, first_ca) == tls.fingerprint
+    first = tls.fingerprint
+
+    second_ca = publish("..2026_02")
+    assert _handshake(tls.context, second_ca) == tls.fingerprint != first
