@@ -55,6 +55,7 @@ class Injected:
     """The injected pod, its status record and what the user should know."""
 
     pod: dict[str, Any]
+    patch: patches.Patch  # RFC 6902, from the input pod to ``pod``
     status: InjectionStatus
     warnings: list[str]
 
@@ -340,9 +341,24 @@ def build(
         status.initContainers = [RESTORE]
         status.containers = [AGENT]
 
-    # Digest against the pod as ``strip`` rebuilds it, so an audit that re-derives
-    # the injection from a stripped pod computes the same digest.
-    status.patchSha256 = patches.spec_digest(strip(out, status), out)
-    metadata = out.setdefault("metadata", {})
-    metadata["annotations"] = {**(metadata.get("annotations") or {}), STATUS_KEY: status.to_json()}
-    return Injected(out, status, warnings)
+    # One diff of the spec serves both the patch and (usually) the digest.
+    spec_ops = patches.diff({"spec": pod["spec"]}, {"spec": out["spec"]})
+    # The digest is taken against the pod as ``strip`` rebuilds it, so an audit
+    # that re-derives the injection from a stripped pod computes the same one.
+    canonical = strip(out, status)
+    if canonical["spec"] == pod["spec"]:
+        status.patchSha256 = patches.digest(spec_ops)
+    else:  # e.g. a null list in the input, which strip leaves out
+        status.patchSha256 = patches.spec_digest(canonical, out)
+    metadata = out["metadata"]
+    annotations = metadata.get("annotations")
+    text = status.to_json()
+    annotation_op: dict[str, Any]
+    if isinstance(annotations, dict):
+        metadata["annotations"] = {**annotations, STATUS_KEY: text}
+        path = "/metadata/annotations/" + STATUS_KEY.replace("~", "~0").replace("/", "~1")
+        annotation_op = {"op": "add", "path": path, "value": text}
+    else:
+        metadata["annotations"] = {STATUS_KEY: text}
+        annotation_op = {"op": "add", "path": "/metadata/annotations", "value": {STATUS_KEY: text}}
+    return Injected(out, [annotation_op, *spec_ops], status, warnings)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import jobs, settings
-from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
 from webhook.injection import build
 from webhook.status import OUR_VOLUMES, looks_injected
@@ -185,7 +184,7 @@ def mutate(
     )
     return MutationResult(
         pod=injected.pod,
-        patch=patches.diff(pod, injected.pod),
+        patch=injected.patch,
         injected=True,
         skip_reason=None,
         message=message,
