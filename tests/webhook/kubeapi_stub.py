@@ -50,6 +50,7 @@ class KubeAPIStub:
         self.fail_lists = 0  # answer this many namespace lists with 500
         self.secret_race: dict[str, Any] | None = None  # created "by another replica" on POST
         self.requests: list[tuple[str, str]] = []
+        self.lists = 0  # namespace lists answered (watches not counted)
 
     # ---- state changes made by tests ----
     def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +105,7 @@ class KubeAPIStub:
 
     def _list(self, h: BaseHTTPRequestHandler) -> None:
         with self.cond:
+            self.lists += 1
             if self.fail_lists > 0:
                 self.fail_lists -= 1
                 self._reply(h, 500, _status(500, "InternalError", "try again"))
