@@ -158,7 +158,7 @@ def test_serve_self_signed_against_a_kubeconfig(stub: KubeAPIStub, tmp_path: Pat
             verify = ssl.create_default_context(cadata=ca.decode())
             verify.check_hostname = False
             with httpx.Client(base_url=server.url, verify=verify, timeout=10) as http:
-                eventually(lambda: http.get("/readyz").status_code == 200)
+                eventually(lambda: http.get("/readyz").status_code == 200, timeout=30)
                 pod = fixture("pytorchjob-master.yaml")
                 review = admission_review(pod, uid="u-1")
                 response = check_answer(http.post("/mutate", json=review).json(), "u-1")
