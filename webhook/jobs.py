@@ -10,6 +10,7 @@ count only on their own container, so the sidecar gets a copy of them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # Where each kind keeps the node rank and node count; first match wins.
 _RANK_ENV = {PYTORCHJOB: ("PET_NODE_RANK", "RANK"), TRAINJOB: ("PET_NODE_RANK",)}
 _NNODES_ENV = {PYTORCHJOB: ("PET_NNODES", "WORLD_SIZE"), TRAINJOB: ("PET_NNODES",)}
+
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 EnvSource = dict[str, Any]  # an env entry without its name: {"value": ...} or {"valueFrom": ...}
 
@@ -144,7 +147,7 @@ def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
             return NotTrainer(f"a Kubeflow job pod of {operator}, not of a PyTorchJob")
         kind, job, container = PYTORCHJOB, labels[PT_JOB_NAME], PT_CONTAINER
     elif JS_JOBSET_NAME in labels or JS_JOBSET_NAME in annotations:
-        job = labels.get(JS_JOBSET_NAME) or annotations[JS_JOBSET_NAME]
+        job = labels.get(JS_JOBSET_NAME) or annotations.get(JS_JOBSET_NAME, "")
         replicated = labels.get(JS_REPLICATED_JOB) or annotations.get(JS_REPLICATED_JOB, "")
         if replicated != TJ_TRAINER_REPLICATED_JOB:
             return NotTrainer(
@@ -155,6 +158,9 @@ def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
     else:
         return NotTrainer("not a Kubeflow PyTorchJob or TrainJob pod (no job-name label)")
 
+    if not _LABEL_VALUE.match(job):
+        # The name becomes a path segment of the job root: never '', '..' or 'a/b'.
+        return NotTrainer(f"a {kind} pod whose job name {job!r} is not a valid label value")
     index = _container_index(pod, container)
     if index is None:
         return NotTrainer(f"a {kind} pod without the trainer container {container!r}")

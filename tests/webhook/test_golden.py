@@ -58,3 +58,14 @@ def test_status_records_exactly_what_was_added(case: Case) -> None:
 
 def test_no_unused_golden_files() -> None:
     assert unused_files() == [], "golden files without a case: delete them"
+
+
+@pytest.mark.parametrize("job", ["", "..", "a/b", "-x", "x" * 64])
+def test_job_names_that_cannot_be_a_path_segment_are_not_injected(job: str) -> None:
+    case = {c.name: c for c in CASES}["trainjob-node"]
+    pod = copy.deepcopy(case.pod)
+    pod["metadata"]["labels"].pop("jobset.sigs.k8s.io/jobset-name")
+    pod["metadata"]["annotations"]["jobset.sigs.k8s.io/jobset-name"] = job
+    result = mutate(pod, case.namespace, case.config)
+    assert result.skip_reason == "not-trainer"
+    assert result.patch == []
