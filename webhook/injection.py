@@ -319,8 +319,6 @@ def build(
         status.prependedEnv = {trainer_container["name"]: prepended}
     if _prestop(trainer_container, warnings):
         status.preStop = [trainer_container["name"]]
-    elif not trainer_container["lifecycle"]:
-        trainer_container.pop("lifecycle")
 
     plan = _Plan(values, config, trainer, root, grace, secret, pvc_claim is not None)
     init = _list(spec, "initContainers")
