@@ -2,12 +2,12 @@
 
 The sidecar copies this directory to ``/opt/jitckpt/shim`` and the trainer
 container gets ``PYTHONPATH=/opt/jitckpt/shim``, so Python's ``site`` imports
-this file at start-up. The directory's other modules are loaded as the private
-package ``_jitckpt_shim`` (never as top-level names such as ``protocol``,
-which could shadow the user's modules). The shim is active only when
-``JITCKPT_DIR`` is set, and in every case this file then runs the next
-``sitecustomize`` on ``sys.path`` (the image's own, OpenTelemetry's), so it
-never hides one. Nothing here may raise into the user's program.
+this file at start-up. The directory's other modules are loaded as the
+private package ``_jitckpt_shim``, and the directory then leaves ``sys.path``,
+so none of them (``protocol``, ``config``, ...) can shadow a user's module.
+The shim is active only when ``JITCKPT_DIR`` is set, and in every case this
+file then runs the next ``sitecustomize`` on ``sys.path`` (the image's own,
+OpenTelemetry's), so it never hides one. Nothing here may raise into the user's program.
 """
 
 from __future__ import annotations
@@ -93,8 +93,22 @@ def _chain() -> None:
             sys.modules["sitecustomize"] = mine
 
 
+def _leave_sys_path() -> None:
+    """Take this directory off ``sys.path`` so its files never shadow the user's modules.
+
+    It is only there (first, from PYTHONPATH) so that ``site`` finds this file;
+    left in place, a user's ``config.py`` or ``protocol.py`` further down the path
+    would import ours. The shim's own modules load through the package's
+    ``__path__``, and child processes still get PYTHONPATH from the environment.
+    """
+    here = os.path.realpath(HERE)
+    sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.getcwd()) != here]
+
+
 _activate()
 try:
     _chain()
 except Exception as exc:
     _say("could not run the next sitecustomize (%s: %s)" % (type(exc).__name__, exc))
+if not __package__:
+    _leave_sys_path()

@@ -57,6 +57,28 @@ def test_active_registers_pid_privately_and_cheaply(shim_env: ShimEnv) -> None:
     assert list(shim_env.pids.iterdir()) == []  # removed at exit
 
 
+def test_shim_files_never_shadow_user_modules(shim_env: ShimEnv, tmp_path: Path) -> None:
+    """A user's config.py/protocol.py later on PYTHONPATH wins over the shim's files."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "config.py").write_text("WHO = 'user config'\n")
+    (user / "protocol.py").write_text("WHO = 'user protocol'\n")
+    code = "import sys, config, protocol; print(config.WHO, '/', protocol.WHO, '/', sys.path)"
+    for base in (shim_env.env, shim_env.without_shim()):
+        done = subprocess.run(
+            [PYTHON, "-c", code],
+            env={**base, "PYTHONPATH": f"{base['PYTHONPATH']}:{user}"},
+            cwd=str(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        who, path = done.stdout.rsplit(" / ", 1)
+        assert who == "user config / user protocol"
+        assert str(REPO / "shim") not in path
+
+
 def test_image_sitecustomize_still_runs(shim_env: ShimEnv, tmp_path: Path) -> None:
     image = tmp_path / "image"
     image.mkdir()
