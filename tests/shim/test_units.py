@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -120,3 +121,39 @@ def test_this_torch_reads_the_shutdown_timeout_from_env() -> None:
 
     assert launcher.launch_config_reads_env(launcher_api)
     assert not launcher.launch_config_reads_env(ModuleType("torch_without_launch_config"))
+
+
+OLD_TORCH_PATH = """
+import signal, sys, tempfile, time
+import torch.distributed.elastic.multiprocessing.api as api
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+from shim.launcher import _patch_pcontext_close
+
+_patch_pcontext_close(api, 2)
+ignore = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+    "print('up', flush=True); time.sleep(60)"
+)
+context = start_processes(
+    name="t", entrypoint=sys.executable, args={0: ("-c", ignore)}, envs={0: {}},
+    logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp()),
+)
+time.sleep(1.5)
+started = time.monotonic()
+context.close(signal.SIGTERM)  # how old agents call it: no timeout, so the default applies
+print("closed after", time.monotonic() - started)
+"""
+
+
+def test_old_torch_fallback_sets_pcontext_close_default() -> None:
+    """The fallback for torch without the env setting, on torch's real PContext (default 30 s)."""
+    done = subprocess.run(
+        [sys.executable, "-c", OLD_TORCH_PATH],
+        cwd=str(Path(__file__).resolve().parents[2]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    elapsed = float(done.stdout.split("closed after")[1])
+    assert 1.9 <= elapsed < 10, done.stdout + done.stderr
