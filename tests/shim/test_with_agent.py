@@ -63,6 +63,11 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
             step
         ], (step, objects.get(step))
     agent.wait_for(lambda: not any(agent.staging.glob("checkpoint-*")), 30, "staging cleanup")
+    status = agent.status()
+    assert status["sigterm"] is True  # the shim reported SIGTERM: the grace clock runs
+    assert isinstance(status["progress"]["step"], int) and status["progress"]["max_steps"] == 20
+    [client] = [c for c in status["clients"] if c["pid"] == run.pid]
+    assert client["framework"] == "transformers" and client["exit_code"] == 143
 
     # A new pod: empty local dir, the sidecar restores the newest valid checkpoint.
     agent.terminate()
