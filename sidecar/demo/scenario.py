@@ -181,15 +181,25 @@ class FirstRun:
         return round(self.committed_at - self.run.sigterm_at, 2)
 
 
-def reference_run(s: Scenario, weights: Path) -> JobRun:
-    """The same job never preempted and never injected: what resuming must reproduce."""
+def start_reference(s: Scenario, weights: Path) -> JobRun:
+    """The same job never preempted and never injected: what resuming must reproduce.
+
+    It shares nothing with the injected job (its own name, port and pods), so it
+    runs alongside it."""
     o = s.options
     s.narrator.say(f"uninterrupted run (job {o.job_name}-reference, no injection): starting")
     command = s.command("reference", final_weights=weights, slow=False)
-    reference = s.run(s.job(f"{o.job_name}-reference", command), inject=False).start()
-    reference.wait(o.timeout)
+    return s.run(s.job(f"{o.job_name}-reference", command), inject=False).start()
+
+
+def finish_reference(s: Scenario, reference: JobRun) -> JobRun:
+    reference.wait(s.options.timeout)
     s.narrator.say(f"uninterrupted run finished: trainer exit codes {reference.exit_codes()}")
     return reference
+
+
+def reference_run(s: Scenario, weights: Path) -> JobRun:
+    return finish_reference(s, start_reference(s, weights))
 
 
 def start_first(s: Scenario) -> tuple[JobRun, CommitWatcher]:
@@ -289,8 +299,9 @@ def story(s: Scenario) -> dict[str, Any]:
     started = time.monotonic()
     reference_weights = o.reference_weights or s.workdir / "weights-uninterrupted.pt"
     resumed_weights = s.workdir / "weights-resumed.pt"
+    reference = None
     if o.compare and o.reference_weights is None:
-        reference_run(s, reference_weights)
+        reference = start_reference(s, reference_weights)
 
     first, watcher = start_first(s)
     first.wait_for_step(o.preempt_at_step, o.timeout)
@@ -301,8 +312,13 @@ def story(s: Scenario) -> dict[str, Any]:
     restored = resumed_from(second)
     final_codes = second.exit_codes()
     final_step = _final_step(second) if s.bundled else (second.step or None)
-    say(f"run 2 finished: resumed from step {restored}, trainer exit codes {final_codes}")
+    say(
+        f"run 2 finished at step {final_step}: resumed from step {restored}, "
+        f"trainer exit codes {final_codes}"
+    )
 
+    if reference is not None:
+        finish_reference(s, reference)
     equal: bool | None = None
     if o.compare:
         if resumed_weights.exists() and reference_weights.exists():
