@@ -185,10 +185,15 @@ def _make_callback(base: type) -> type:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             session = self._session
-            session.process.link.progress(
-                int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
-            )
-            if session.config.jit and session.jit_step is None and session.stop_agreed():
+            try:
+                session.process.link.progress(
+                    int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
+                )
+                stop = session.config.jit and session.jit_step is None and session.stop_agreed()
+            except Exception as exc:
+                failed("SIGTERM agreement at the step end", exc)
+                return control
+            if stop:
                 session.jit_step = int(state.global_step)
                 say("stopping at step %d for a JIT checkpoint" % session.jit_step)
                 control.should_save = True
@@ -197,7 +202,10 @@ def _make_callback(base: type) -> type:
             return control
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            self._session.after_save(int(state.global_step), int(state.max_steps or 0))
+            try:
+                self._session.after_save(int(state.global_step), int(state.max_steps or 0))
+            except Exception as exc:
+                failed("staging checkpoint-%s" % state.global_step, exc)
             return control
 
     return JitCallback
