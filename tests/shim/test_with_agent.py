@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,26 @@ def test_plain_loop_checkpoints_staged_once_complete(
     assert {step: names for step, names in objects.items()} == {
         step: {"state.pt", MANIFEST} for step in (1, 2, 3)
     }
+
+
+def test_the_copy_the_agent_installs_is_a_working_shim(
+    shim_env: ShimEnv, agent: AgentProcess, tmp_path: Path
+) -> None:
+    """What the sidecar copies to /opt/jitckpt/shim activates on its own, without the repo."""
+    copied = sorted(path.name for path in agent.shim_target.glob("*.py"))
+    assert "sitecustomize.py" in copied and "protocol.py" in copied
+    code = (
+        "import sys; m = sys.modules['_jitckpt_shim'];"
+        "print(m.__path__[0], 'protocol' in sys.modules, 'shim' in sys.modules)"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", code],
+        env={**shim_env.env, "PYTHONPATH": str(agent.shim_target)},
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split() == [str(agent.shim_target), "False", "False"], done.stderr
+    assert jit_lines(done.stderr) == []
