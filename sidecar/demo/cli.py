@@ -60,7 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sidecar.demo.jobrun import JobError
     from sidecar.demo.scenario import DemoOptions, run_demo
+    from sidecar.podrunner import SpecError
 
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
@@ -95,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
         settings=settings,
     )
     account = sys.stderr if args.json else sys.stdout
-    summary = run_demo(options, account)
+    try:
+        summary = run_demo(options, account)
+    except (JobError, SpecError, ValueError) as exc:
+        print(f"jitckpt demo: {exc}", file=account)
+        summary = {"ok": False, "error": str(exc)}
     if args.json:
         sys.stdout.write(json.dumps(summary) + "\n")
     return 0 if summary["ok"] else 1

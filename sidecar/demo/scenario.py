@@ -68,7 +68,7 @@ class Scenario:
     workdir: Path
     node: Node
     destination: Destination
-    log_stream: IO[str] | None = None
+    runs: list[JobRun] = field(default_factory=list)
 
     @property
     def bundled(self) -> bool:
@@ -110,7 +110,7 @@ class Scenario:
         return NamespaceInfo(NAMESPACE, {"jitckpt.io/injection": "enabled"}, annotations)
 
     def run(self, job: JobSpec, inject: bool = True) -> JobRun:
-        return JobRun(
+        run = JobRun(
             self.node,
             job,
             self.namespace(),
@@ -119,6 +119,15 @@ class Scenario:
             on_event=self.narrator.pod_event,
             on_status=self.narrator.status,
         )
+        self.runs.append(run)
+        return run
+
+    def kill_leftovers(self) -> None:
+        """After a failure half-way: no pod of this scenario outlives it."""
+        for run in self.runs:
+            for pod in run.pods:
+                if not pod.done:
+                    pod.kill()
 
 
 def _termination_doc(message: str) -> dict[str, Any]:
@@ -159,7 +168,11 @@ def open_scenario(options: DemoOptions, account: IO[str]) -> Iterator[Scenario]:
             image_env=IMAGE_ENV,
             stream=sys.stderr if options.stream_logs else None,
         )
-        yield Scenario(options, Narrator(account), workdir, node, destination)
+        scenario = Scenario(options, Narrator(account), workdir, node, destination)
+        try:
+            yield scenario
+        finally:
+            scenario.kill_leftovers()
     finally:
         destination.close()
 
