@@ -19,7 +19,7 @@ from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
 from sidecar.staging import StagedJob
-from sidecar.storage.base import Store, StoreError
+from sidecar.storage.base import PartGate, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,6 @@ class Uploader:
         """Both lanes, until cancelled."""
         await asyncio.gather(self._lane(urgent=True), self._lane(urgent=False))
 
-    async def _gate(self) -> None:
-        await self._urgent_clear.wait()
-
     async def _lane(self, urgent: bool) -> None:
         while True:
             async with self._changed:
@@ -103,7 +100,7 @@ class Uploader:
                 self._update()
             requeue = False
             try:
-                await self._upload(job, gate=None if urgent else self._gate)
+                await self._upload(job, gate=None if urgent else self._urgent_clear)
             except (StoreError, OSError) as exc:
                 requeue = job.path.is_dir()
                 self._failures[job.id] = self._failures.get(job.id, 0) + 1
@@ -124,7 +121,7 @@ class Uploader:
                 self._update()
                 self._changed.notify_all()
 
-    async def _upload(self, job: StagedJob, gate: Callable[[], Awaitable[None]] | None) -> None:
+    async def _upload(self, job: StagedJob, gate: PartGate | None) -> None:
         cfg = self._config
         log.info("uploading checkpoint-%d (%s, %d files)", job.step, job.kind, len(job.files))
         result = await commit_node(

@@ -7,12 +7,13 @@ this interface, so the ``pvc://`` backend passes the same tests as S3.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-# Awaited before each part of an upload: lets a JIT upload pause periodic ones.
-PartGate = Callable[[], Awaitable[None]]
+# Set while an upload may send its next part; cleared, it pauses the upload at the next
+# part boundary (the uploader clears it for periodic uploads while a JIT one runs).
+PartGate = asyncio.Event
 
 
 class StoreError(RuntimeError):

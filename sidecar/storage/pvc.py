@@ -128,7 +128,7 @@ class DirectoryStore(Store):
         self, key: str, path: Path, crc32c: str, gate: PartGate | None = None
     ) -> PutResult:
         if gate is not None:
-            await gate()
+            await gate.wait()
         written = await asyncio.to_thread(atomic_write, self._path(key), path, None)
         if written != crc32c:
             raise VerificationError(f"{path} changed while being copied to {key}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -151,19 +151,33 @@ class S3Store(Store):
         size = path.stat().st_size
         before = self.policy.retries
         if size <= self.part_size:
-            if gate is not None:
-                await gate()
             data = await asyncio.to_thread(path.read_bytes)
             if len(data) != size:
                 raise VerificationError(f"{path} changed size while being uploaded")
-            await self._put(key, data, crc32c)
+            await self._put(key, data, crc32c, gate)
             return PutResult(size=size, parts=1, retries=self.policy.retries - before)
         parts = await self._multipart(key, path, size, gate)
         return PutResult(size=size, parts=parts, retries=self.policy.retries - before)
 
-    async def _put(self, key: str, data: bytes, crc32c: str) -> None:
+    @contextlib.asynccontextmanager
+    async def _slot(self, gate: PartGate | None) -> AsyncIterator[None]:
+        """A connection slot, taken only while ``gate`` is open (re-checked once taken, so a
+        paused upload never sits on a slot the JIT upload needs)."""
+        while True:
+            if gate is not None:
+                await gate.wait()
+            await self._slots.acquire()
+            if gate is None or gate.is_set():
+                break
+            self._slots.release()
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    async def _put(self, key: str, data: bytes, crc32c: str, gate: PartGate | None = None) -> None:
         client = await self._c()
-        async with self._slots:
+        async with self._slot(gate):
             await self.policy.run(
                 f"put {self._uri}/{key}",
                 lambda: client.put_object(
@@ -189,9 +203,7 @@ class S3Store(Store):
         fd = os.open(path, os.O_RDONLY)
 
         async def part(number: int) -> dict[str, Any]:
-            if gate is not None:
-                await gate()
-            async with self._slots:
+            async with self._slot(gate):
                 offset = (number - 1) * self.part_size
                 length = min(self.part_size, size - offset)
                 data = await asyncio.to_thread(os.pread, fd, length, offset)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from pathlib import Path
 
@@ -97,3 +98,56 @@ def test_failed_upload_is_requeued_until_committed(
         assert committed == [3]
         assert (metrics.registry.get_sample_value("jitckpt_upload_failures_total") or 0) >= 1
         assert proxy.pending() == 0
+
+
+def test_jit_pauses_a_running_periodic_upload(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One connection slot: a JIT checkpoint staged while a periodic one is mid-multipart is
+    committed before the periodic one sends its remaining parts."""
+    with FaultProxy(local_s3.endpoint) as proxy:
+        for name, value in local_s3.credentials_env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_S3_ENDPOINT", proxy.endpoint)
+        config = AgentConfig(
+            destination=f"s3://{bucket}/ns/job",
+            local_dir=tmp_path / "local",
+            part_size=5 * 1024 * 1024,
+            concurrency=1,
+        )
+        make_shared_dir(config.staging_dir)
+
+        def job(step: int, kind: str, size: int) -> StagedJob:
+            directory, files = stage(config.staging_dir, f"c{step}", {"w": size})
+            message = protocol.request(
+                protocol.OP_STAGED, step=step, kind=kind, dir=str(directory), files=files
+            )
+            return accept(config.staging_dir, message, time.time())
+
+        periodic = job(8, "periodic", 6 * 5 * 1024 * 1024)
+        jit = job(9, "jit", 1000)
+        committed: list[int] = []
+
+        async def main() -> None:
+            async with open_store(config) as store:
+
+                async def on_commit(done: StagedJob, result: CommitResult) -> None:
+                    committed.append(done.step)
+
+                uploader = Uploader(store, config, Metrics(), on_commit)
+                await uploader.submit(periodic)
+                task = asyncio.create_task(uploader.run())
+                while not any(re.search(r"partNumber=1\b", r.target) for r in proxy.requests):
+                    await asyncio.sleep(0.005)
+                await uploader.submit(jit)
+                await asyncio.wait_for(uploader.wait_idle(), 60)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        asyncio.run(main())
+        targets = [r.target for r in proxy.requests if r.method == "PUT"]
+        jit_manifest = next(i for i, t in enumerate(targets) if "checkpoint-9/.jitckpt/" in t)
+        last_part = max(i for i, t in enumerate(targets) if re.search(r"partNumber=6\b", t))
+        assert jit_manifest < last_part, targets
+        assert committed == [9, 8]
