@@ -161,3 +161,79 @@ def test_resume_false_starts_fresh(
     finally:
         agent.kill()
     assert "jitckpt.io/resume is false: not restoring" in agent.log()
+
+
+def _stage_and_wait(
+    agent: AgentProcess, client: protocol.Client, step: int, kind: str, name: str = "w"
+) -> None:
+    directory, files = stage(agent.staging, f"s{step}", {name: 1000 + step})
+    answer = client.call(protocol.OP_STAGED, step=step, kind=kind, dir=str(directory), files=files)
+    assert answer["ok"], answer
+    agent.wait_for(lambda: agent.committed_step() == step, 30, f"checkpoint-{step}")
+
+
+def test_retention_in_the_agent_keeps_newest_and_the_restored_one(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    destination = f"s3://{bucket}/ns/job"
+
+    async def seed() -> None:
+        async with open_store(AgentConfig(destination=destination)) as store:
+            await commit(store, make_checkpoint(tmp_path, 1, {"m": 10}), 1)
+
+    asyncio.run(seed())
+    agent = AgentProcess(
+        root=tmp_path / "pod",
+        destination=destination,
+        s3_env=s3_env,
+        extra_env={"JITCKPT_S3_RETENTION": "2"},
+    )
+    agent.root.mkdir()
+    try:
+        agent.start()
+        agent.wait_ready()
+        client = protocol.Client(str(agent.socket))
+        assert client.call(protocol.OP_HELLO, pid=1)["restored"]["step"] == 1
+        for step in (2, 3, 4, 5):
+            _stage_and_wait(agent, client, step, "periodic")
+        client.close()
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+    assert _valid_steps(destination, tmp_path) == [5, 4, 1]
+    assert "retention deleted checkpoint-3: beyond the newest 2 valid" in agent.log()
+
+
+def test_two_nodes_commit_one_checkpoint(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    destination = f"s3://{bucket}/ns/job"
+    nodes = []
+    for rank in (0, 1):
+        node = AgentProcess(
+            root=tmp_path / f"node-{rank}",
+            destination=destination,
+            s3_env=s3_env,
+            extra_env={"JITCKPT_NODE_RANK": str(rank), "JITCKPT_NNODES": "2"},
+        )
+        node.root.mkdir()
+        nodes.append(node)
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            node.wait_ready()
+        second = protocol.Client(str(nodes[1].socket))
+        second.call(protocol.OP_HELLO, pid=11)
+        _stage_and_wait(nodes[1], second, 40, "jit", name="rng_state_1.pth")
+        assert _valid_steps(destination, tmp_path) == [], "only node 1 committed so far"
+        first = protocol.Client(str(nodes[0].socket))
+        first.call(protocol.OP_HELLO, pid=10)
+        _stage_and_wait(nodes[0], first, 40, "jit", name="model.safetensors")
+        assert _valid_steps(destination, tmp_path) == [40]
+        for client in (first, second):
+            client.close()
+        assert [node.terminate() for node in nodes] == [0, 0]
+    finally:
+        for node in nodes:
+            node.kill()
