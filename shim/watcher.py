@@ -104,9 +104,22 @@ _WATCHERS: List[CheckpointWatcher] = []
 _DISABLED: List[bool] = []  # set once a HF Trainer or torchrun's launcher shows up
 
 
+def _is_multiprocessing_child() -> bool:
+    """DataLoader workers and other ``multiprocessing`` children save nothing of their own.
+
+    A spawned child imports the main module (and torch) before its parent link is
+    set up, but its process name is already set by then.
+    """
+    from multiprocessing import process
+
+    return process.current_process().name != "MainProcess" or process.parent_process() is not None
+
+
 def start(config: ShimConfig) -> None:
     """Watch for plain-loop checkpoints in this process (local rank 0 only)."""
     if _WATCHERS or _DISABLED or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    if _is_multiprocessing_child():
         return
     watcher = CheckpointWatcher(config)
     _WATCHERS.append(watcher)

@@ -117,23 +117,35 @@ def test_sidecar_gone_mid_run_training_goes_on_and_says_so_once(
 
 
 PLAIN_LOOP_SCRIPT = """
-import os, sys, time
+import multiprocessing, os, sys, time
 import torch
 import torch.distributed  # a plain loop: no transformers
-root = os.path.join(os.environ["JITCKPT_DIR"], "checkpoints")
+
+def worker(ready, done):  # like a DataLoader worker started with "spawn": it stages nothing
+    import torch.distributed
+    ready.set()
+    done.wait()
 
 def save(step):
-    path = os.path.join(root, "checkpoint-%d" % step)
+    path = os.path.join(os.environ["JITCKPT_DIR"], "checkpoints", "checkpoint-%d" % step)
     os.makedirs(path)
     state = {"step": step, "w": torch.full((1000,), float(step))}
     torch.save(state, os.path.join(path, "state.pt"))
     print("wrote checkpoint-%d" % step, flush=True)
 
-save(1)
-save(2)
-time.sleep(float(sys.argv[1]))
-print("second phase", flush=True)
-save(3)
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    helper = context.Process(target=worker, args=(ready, done))
+    helper.start()
+    ready.wait()
+    save(1)
+    save(2)
+    time.sleep(float(sys.argv[1]))
+    print("second phase", flush=True)
+    done.set()
+    helper.join()
+    save(3)
 """
 
 
@@ -150,6 +162,8 @@ def test_plain_loop_checkpoints_staged_once_complete(
     assert output.index("checkpoint-1 handed") < output.index("second phase")
     assert output.index("second phase") < output.index("checkpoint-2 handed")
     assert "checkpoint-3 handed" in output
+    for step in (1, 2, 3):  # once each: the spawned helper process staged nothing
+        assert output.count(f"checkpoint-{step} handed") == 1, output
     agent.wait_for(lambda: agent.committed_step() == 3, 60, "the last commit")
     objects = uploaded(local_s3, agent.destination)
     assert {step: names for step, names in objects.items()} == {
