@@ -199,7 +199,7 @@ class Agent:
         from sidecar.uploader import Uploader
 
         cfg = self.config
-        self.uploader = Uploader(store, cfg, self.metrics, self._on_commit)
+        self.uploader = Uploader(store, cfg, self.metrics, self._on_commit, self._on_error)
         self.state.queue_view = self.uploader.snapshot
         for job in staging.recover(cfg.staging_dir):
             log.info("re-queueing checkpoint-%d (%s) left by a previous run", job.step, job.kind)
@@ -313,6 +313,9 @@ class Agent:
             self._spawn(self.events.post(events.JIT, text))
         if self.config.retention and self.config.node_rank == 0:
             await self._apply_retention(store)
+
+    def _on_error(self, text: str) -> None:
+        self.state.last_error = text
 
     async def _apply_retention(self, store: Store) -> None:
         protect = {self.restored.step} if self.restored.step is not None else set()

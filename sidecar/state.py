@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from sidecar.config import AgentConfig
 from sidecar.grace import GraceClock
 
-PHASES = ("starting", "restoring", "ready", "stopping", "stopped", "failed")
+AgentPhase = Literal["starting", "restoring", "ready", "stopping", "stopped", "failed"]
 
 
 def now_iso() -> str:
@@ -41,7 +41,7 @@ class ClientInfo:
 class AgentState:
     config: AgentConfig
     grace: GraceClock
-    phase: str = "starting"
+    phase: AgentPhase = "starting"
     restored: dict[str, object] | None = None
     restore_skipped: list[dict[str, object]] = field(default_factory=list)
     last_committed: Committed | None = None
@@ -50,7 +50,6 @@ class AgentState:
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     seen_trainer: bool = False
     last_error: str | None = None
-    started_at: float = field(default_factory=time.time)
     queue_view: Callable[[], list[dict[str, object]]] = field(default=lambda: [])
 
     def document(self) -> dict[str, object]:

@@ -24,17 +24,24 @@ from sidecar.storage.base import PartGate, Store, StoreError
 log = logging.getLogger(__name__)
 
 OnCommit = Callable[[StagedJob, CommitResult], Awaitable[None]]
+OnError = Callable[[str], None]
 RETRY_CAP = 30.0
 
 
 class Uploader:
     def __init__(
-        self, store: Store, config: AgentConfig, metrics: Metrics, on_commit: OnCommit
+        self,
+        store: Store,
+        config: AgentConfig,
+        metrics: Metrics,
+        on_commit: OnCommit,
+        on_error: OnError | None = None,
     ) -> None:
         self._store = store
         self._config = config
         self._metrics = metrics
         self._on_commit = on_commit
+        self._on_error = on_error
         self._pending: dict[str, StagedJob] = {}
         self._active: dict[str, StagedJob] = {}
         self._failures: dict[str, int] = {}
@@ -105,6 +112,8 @@ class Uploader:
                 requeue = job.path.is_dir()
                 self._failures[job.id] = self._failures.get(job.id, 0) + 1
                 self.last_error = f"checkpoint-{job.step} ({job.kind}): {exc}"
+                if self._on_error is not None:
+                    self._on_error(self.last_error)
                 self._metrics.upload_failures.inc()
                 log.error(
                     "upload of checkpoint-%d failed%s: %s",

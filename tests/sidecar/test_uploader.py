@@ -78,6 +78,7 @@ def test_failed_upload_is_requeued_until_committed(
         proxy.fail(503, "SlowDown", times=6, method="PUT")
         metrics = Metrics()
         committed: list[int] = []
+        errors: list[str] = []
 
         async def main() -> None:
             async with open_store(config) as store:
@@ -85,7 +86,7 @@ def test_failed_upload_is_requeued_until_committed(
                 async def on_commit(job: StagedJob, result: CommitResult) -> None:
                     committed.append(job.step)
 
-                uploader = Uploader(store, config, metrics, on_commit)
+                uploader = Uploader(store, config, metrics, on_commit, errors.append)
                 await uploader.submit(job)
                 task = asyncio.create_task(uploader.run())
                 await asyncio.wait_for(uploader.wait_idle(), 60)
@@ -96,6 +97,7 @@ def test_failed_upload_is_requeued_until_committed(
 
         asyncio.run(main())
         assert committed == [3]
+        assert errors and errors[0].startswith("checkpoint-3 (jit): ") and "SlowDown" in errors[0]
         assert (metrics.registry.get_sample_value("jitckpt_upload_failures_total") or 0) >= 1
         assert proxy.pending() == 0
 
