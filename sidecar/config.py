@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shim import layout
+from sidecar.uri import parse_job_root
 
 # Sidecar-only tuning (not part of the injected pod spec).
 ENV_PART_SIZE = "JITCKPT_PART_SIZE"  # multipart part size and threshold, bytes
@@ -74,6 +75,11 @@ class AgentConfig(BaseModel):
         if not value.strip():
             raise ValueError(f"{layout.ENV_DESTINATION} is empty")
         return value.strip()
+
+    @model_validator(mode="after")
+    def _destination_parses(self) -> AgentConfig:
+        parse_job_root(self.destination, self.pvc_mount)  # DestinationError is a ValueError
+        return self
 
     @property
     def run_dir(self) -> Path:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,22 @@ def test_job_roots() -> None:
     for bad in ("s3://", "s3://b/../x", "pvc:///x", "gs://b/x", ""):
         with pytest.raises(DestinationError):
             parse_job_root(bad, Path("/m"))
+
+
+@pytest.mark.parametrize(
+    ("destination", "expected"),
+    [("", "JITCKPT_DESTINATION is empty"), ("gs://b/x", "only s3:// and pvc://")],
+)
+def test_agent_refuses_bad_settings_with_exit_2(destination: str, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITCKPT_")}
+    env[layout.ENV_DESTINATION] = destination
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "jitckpt"), "agent"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "invalid settings" in done.stderr and expected in done.stderr
