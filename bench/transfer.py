@@ -31,7 +31,7 @@ from typing import Any
 from bench import harness
 from bench.checkpoint_files import directory_bytes, make_checkpoint
 from bench.harness import BenchOptions
-from bench.procs import REPO_ROOT, tool
+from bench.procs import REPO_ROOT, s5cmd_binary
 from bench.results import Case, Series
 
 NAME = "transfer"
@@ -75,7 +75,7 @@ def s5cmd_env(s3_env: dict[str, str]) -> dict[str, str]:
 
 def run_s5cmd(args: list[str], env: dict[str, str]) -> Measured:
     """Whole-process wall and CPU time of one s5cmd command that must exit 0."""
-    argv = [tool("s5cmd"), "--endpoint-url", env["AWS_S3_ENDPOINT"], *args]
+    argv = [s5cmd_binary(), "--endpoint-url", env["AWS_S3_ENDPOINT"], *args]
     started = time.perf_counter()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
