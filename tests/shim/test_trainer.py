@@ -243,3 +243,15 @@ def test_transformers_without_the_hooked_attributes(shim_env: ShimEnv, tmp_path:
     lines = jit_lines(done.stderr)
     assert len(lines) == 1, done.stderr
     assert "transformers 0.0-unknown lacks" in lines[0] and "Trainer.train" in lines[0]
+
+
+def test_jit_off_leaves_sigterm_alone(shim_env: ShimEnv, spawn: Spawn, tmp_path: Path) -> None:
+    """``jitckpt.io/jit: "false"``: no handler, SIGTERM kills the run as it would unshimmed."""
+    run = spawn(
+        [PYTHON, *TRAIN_TINY, "--output-dir", str(tmp_path / "out"), "--step-sleep", "0.3"],
+        {**shim_env.env, "JITCKPT_JIT": "false"},
+    )
+    run.wait_for("rank 0 step 2/", timeout=90)
+    run.signal(signal.SIGTERM)
+    assert run.wait() == -signal.SIGTERM
+    assert checkpoint_steps(shim_env.checkpoints) == []
