@@ -8,6 +8,7 @@ of its grace period. Recent torch reads ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` in
 ``JITCKPT_GRACE_SECONDS``. Older torch has no such setting: there the default
 timeout of ``PContext.close`` is replaced instead. Which path applies is
 decided by looking at the installed torch, not by its version number.
+In every launcher the exit status of a stop by SIGTERM becomes 143 (``stopexit``).
 """
 
 from __future__ import annotations
@@ -58,15 +59,16 @@ def _patch_pcontext_close(module: ModuleType, grace_timeout: int) -> None:
 
 
 def install(config: ShimConfig) -> None:
-    """Register the launcher fix; it runs only if this process turns out to be a launcher."""
+    """Register the launcher fixes; they run only if this process turns out to be a launcher."""
     timeout = config.shutdown_timeout()
-    if timeout is None:
-        return
 
     def on_launcher(module: ModuleType) -> None:
-        from . import watcher
+        from . import stopexit, watcher
 
         watcher.stop()  # the workers stage their own checkpoints
+        stopexit.install()
+        if timeout is None:
+            return  # no grace period: torch's default timeout stays
         if os.environ.get(ENV_TORCH_SHUTDOWN):
             return  # the webhook or the user chose already
         os.environ[ENV_TORCH_SHUTDOWN] = str(timeout)

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps, jit_lines
+from tests.shim.support import (
+    PYTHON,
+    TORCHRUN,
+    TRAIN_TINY,
+    ShimEnv,
+    Spawn,
+    checkpoint_steps,
+    jit_lines,
+)
 
 MAX_STEPS = 10
 
@@ -98,7 +106,7 @@ def test_torchrun_sigterm_to_one_worker_stops_both_at_the_same_step(
     subprocess.run(["kill", "-TERM", str(ranks["1"])], check=True)
     code = run.wait(timeout=90)
     assert time.monotonic() - started < 30  # nothing hung
-    assert code != 0  # torchrun reports its workers' 143: never a success
+    assert code == 143, run.output()[-3000:]  # a JIT stop: retryable, never a success
     output = run.output()
     stops = {
         line.split("pid ")[1].split(":")[0]: line.split("step ")[1].split(" ")[0]
@@ -162,11 +170,37 @@ def test_torchrun_does_not_kill_a_save_longer_than_30s(
     code = run.wait(timeout=90)
     assert time.monotonic() - started > SLOW_SAVE_SECONDS
     output = run.output()
-    assert code != 0
+    assert code == 143, output[-3000:]  # the launcher got SIGTERM: it looks terminated by it
     assert "slow save begins" in output
     assert "JIT checkpoint-" in output and "saved; exiting with 143" in output, output[-3000:]
     [step] = checkpoint_steps(shim_env.checkpoints)
     assert (shim_env.checkpoints / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+CRASH_SCRIPT = """
+import os, time
+import torch.distributed
+if os.environ["RANK"] == "1":
+    raise RuntimeError("worker crash")
+time.sleep(60)
+"""
+
+
+def test_torchrun_worker_crash_keeps_torchruns_exit_status(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """A crash is no JIT stop: torchrun exits 1 (permanent), even though rank 0 got SIGTERM."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_SCRIPT)
+    run = spawn(
+        [TORCHRUN, "--nproc-per-node", "2", "--master-port", "29539", str(script)],
+        shim_env.env,
+    )
+    code = run.wait(timeout=90)
+    output = run.output()
+    assert code == 1, output[-3000:]
+    assert "RuntimeError: worker crash" in output
+    assert "exiting with 143" not in output
 
 
 OUTSIDE_TRAIN_SCRIPT = """
