@@ -1,11 +1,12 @@
 """The shim's side of the sidecar socket, built so that it can never stall training.
 
-Requests that need an answer (``hello``, ``staged``, ``bye``) go over one
-connection guarded by a lock; ``progress`` goes through a one-slot mailbox that
-a daemon thread drains (a slow sidecar makes progress reports drop, never the
-training loop wait); ``sigterm`` is sent from its own short-lived thread, since
-it is raised from a signal handler. Every failure is said once and then the
-call simply returns None: the shim behaves as if no sidecar were there.
+Requests that need an answer (``hello``, ``staged``, ``bye``) and the final
+``progress`` report go over one connection guarded by a lock; the periodic
+``progress`` reports go through a one-slot mailbox that a daemon thread drains
+(a slow sidecar makes them drop, never the training loop wait); ``sigterm`` is
+sent from its own short-lived thread, since it is raised from a signal handler.
+Every failure is said once and then the call simply returns None: the shim
+behaves as if no sidecar were there.
 """
 
 from __future__ import annotations
@@ -93,6 +94,24 @@ class SidecarLink:
                 target=self._send_progress, name="jitckpt-progress", daemon=True
             )
             self._progress_thread.start()
+
+    def final_progress(self, step: int, max_steps: int, epoch: float) -> None:
+        """Report the last step now, whatever the rate limit.
+
+        It goes over the request connection, so it reaches the sidecar before a
+        ``bye`` that follows; the once-a-second reports would often miss the last
+        step of a run.
+        """
+        self._last_progress = time.monotonic()
+        with self._mail:
+            self._mailbox = None  # an older report must not land after this one
+        if not self.present():
+            return
+        with self._lock:
+            try:
+                self._client.send(OP_PROGRESS, step=step, max_steps=max_steps, epoch=epoch)
+            except OSError as exc:
+                say_once("sidecar-progress", "could not report the last step: %s" % exc)
 
     def _send_progress(self) -> None:
         client = Client(self.socket_path, timeout=self._timeout)

@@ -161,9 +161,20 @@ class TrainerSession:
         if answer and answer.get("ok"):
             say("%s checkpoint-%d handed to the sidecar" % (kind, step))
 
+    def final_progress(self) -> None:
+        """Tell the sidecar the step training ended at (the periodic reports may lag a step)."""
+        state = self.trainer.state
+        self.process.link.final_progress(
+            int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
+        )
+
     def exit_after_jit(self) -> None:
         """Leave with 143 without returning into the user's code (no "final" save of a cut run)."""
         say("JIT checkpoint-%s saved; exiting with %d" % (self.jit_step, JIT_EXIT_CODE))
+        try:
+            self.final_progress()
+        except Exception as exc:
+            failed("the last progress report", exc)
         self.process.bye(JIT_EXIT_CODE)
         FLAG.run_previous()
         for stream in (sys.stdout, sys.stderr):
@@ -178,7 +189,7 @@ def _make_callback(base: type) -> type:
     """A ``TrainerCallback`` subclass built against this transformers' base class."""
 
     class JitCallback(base):
-        """Agrees on SIGTERM at each step end, and stages what HF saved."""
+        """Agrees on SIGTERM at each step end, stages what HF saved, reports the last step."""
 
         def __init__(self, session: TrainerSession) -> None:
             self._session = session
@@ -199,6 +210,13 @@ def _make_callback(base: type) -> type:
                 control.should_save = True
                 control.should_training_stop = True
                 control.should_evaluate = False
+            return control
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            try:
+                self._session.final_progress()
+            except Exception as exc:
+                failed("the last progress report", exc)
             return control
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

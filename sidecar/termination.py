@@ -1,7 +1,8 @@
 """The container's termination message: what ``kubectl describe pod`` shows, no RBAC needed.
 
 One short JSON object (the kubelet keeps at most 4096 bytes): the last
-committed checkpoint, what was left uncommitted, and the grace-period report
+committed checkpoint, what was left uncommitted, the last step the trainer
+reported, and the grace-period report
 when the grace period is too short for the measured checkpoint.
 """
 
@@ -41,6 +42,8 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
             else None
         ),
         "restored_step": (state.restored or {}).get("step"),
+        # The trainer's final progress report: the step its run ended at.
+        "last_step": (state.progress or {}).get("step"),
         "uncommitted": uncommitted,
         "grace_short_by_seconds": state.grace.report()["short_by_seconds"],
     }

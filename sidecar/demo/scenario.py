@@ -302,6 +302,17 @@ def resumed_from(second: JobRun) -> int | None:
     return step if isinstance(step, int) else None
 
 
+def reported_last_step(run: JobRun) -> int | None:
+    """The step every trainer's final progress report named (its sidecar's termination message).
+
+    The sidecar's ``/status`` is polled and its progress reports are rate-limited,
+    so both may miss the last step; the final report is sent as training ends.
+    """
+    docs = [_termination_doc(m) for m in run.messages(AGENT)]
+    step = _same([d.get("last_step") for d in docs])
+    return step if isinstance(step, int) else None
+
+
 def story(s: Scenario) -> dict[str, Any]:
     o, say = s.options, s.narrator.say
     script = o.script or BUNDLED_SCRIPT
@@ -324,7 +335,7 @@ def story(s: Scenario) -> dict[str, Any]:
     second = resume(s, resumed_weights if o.compare else None)
     restored = resumed_from(second)
     final_codes = second.exit_codes()
-    final_step = _final_step(second) if s.bundled else (second.step or None)
+    final_step = _final_step(second) if s.bundled else reported_last_step(second)
     say(
         f"run 2 finished at step {final_step}: resumed from step {restored}, "
         f"trainer exit codes {final_codes}"

@@ -89,6 +89,7 @@ def test_preempt_resume_equal(
     assert summary["equal_to_uninterrupted"] is True, context
     assert summary["trainer_exit_codes"] == [143] * nnodes, context
     assert summary["final_exit_codes"] == [0] * nnodes, context
+    assert summary["final_step"] == MAX_STEPS, context  # the trainers' final progress report
     # Every node's sidecar committed the same JIT step, also the pod that got no SIGTERM.
     assert len(summary["termination_messages"]) == nnodes
     assert all(f"step {jit} (jit)" in m for m in summary["termination_messages"]), context

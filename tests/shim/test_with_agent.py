@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import textwrap
@@ -66,7 +67,8 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
     agent.wait_for(lambda: not any(agent.staging.glob("checkpoint-*")), 30, "staging cleanup")
     status = agent.status()
     assert status["sigterm"] is True  # the shim reported SIGTERM: the grace clock runs
-    assert isinstance(status["progress"]["step"], int) and status["progress"]["max_steps"] == 20
+    # The report before the JIT exit names the saved step (the periodic ones may lag).
+    assert status["progress"]["step"] == jit_step and status["progress"]["max_steps"] == 20
     [client] = [c for c in status["clients"] if c["pid"] == run.pid]
     assert client["framework"] == "transformers" and client["exit_code"] == 143
 
@@ -85,6 +87,19 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
         again.kill()
     assert f"resuming from {fresh.checkpoints}/checkpoint-{jit_step}" in resumed.output()
     assert "train() returned at step 20" in resumed.output()
+
+
+def test_the_last_step_reaches_the_sidecar_and_its_termination_message(
+    shim_env: ShimEnv, agent: AgentProcess, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Steps far shorter than the once-a-second reports: only the final report names step 6."""
+    common = [*TRAIN_TINY, "--output-dir", str(tmp_path / "out"), "--max-steps", "6"]
+    run = spawn([PYTHON, *common], shim_env.env)
+    assert run.wait(timeout=90) == 0, run.output()
+    assert "train() returned at step 6" in run.output()
+    assert agent.status()["progress"]["step"] == 6
+    agent.terminate()
+    assert json.loads(agent.termination_log.read_text())["last_step"] == 6
 
 
 @pytest.mark.slow
