@@ -33,8 +33,10 @@ def _on_hf_trainer(config: ShimConfig) -> None:
 
 def _on_torch_distributed(config: ShimConfig) -> None:
     def hook(module: ModuleType) -> None:
-        from . import watcher
+        from . import lease, watcher
 
+        if not pids.is_multiprocessing_child():
+            lease.take(config.socket_path)  # a launcher or a training process from here on
         watcher.start(config)
 
     when_imported(TORCH_DISTRIBUTED_MODULE, hook)

@@ -4,7 +4,7 @@ Many jobs run ``bash -c "pip install ... && torchrun ..."``: bash is PID 1 and
 never forwards SIGTERM, so the kubelet's signal would reach nobody. Each
 process the shim activates in writes ``<run dir>/pids/<pid>.pid`` and removes
 it at exit; the preStop hook the webhook adds (``/bin/sh`` builtins only)
-signals every pid listed there.
+signals every pid listed there. The file's second line names the PID namespace.
 """
 
 from __future__ import annotations
@@ -39,6 +39,18 @@ def is_multiprocessing_child() -> bool:
     )
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace (``pid:[inode]``), "" where ``/proc`` cannot say.
+
+    Written on the pid file's second line (the preStop hook reads only the
+    first): a reader in another namespace knows the pid is not one of its own.
+    """
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def register(pids_dir: str) -> None:
     """Write this process's pid file and remove it at exit."""
     pid = os.getpid()
@@ -47,7 +59,7 @@ def register(pids_dir: str) -> None:
         os.makedirs(pids_dir, exist_ok=True)
         tmp = path + ".tmp"
         with open(tmp, "w") as handle:
-            handle.write("%d\n" % pid)
+            handle.write("%d\n%s\n" % (pid, pid_namespace()))
         os.replace(tmp, path)
     except OSError as exc:
         failed("pid registration in %s" % pids_dir, exc)

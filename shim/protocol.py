@@ -3,7 +3,7 @@
 Defined once here (standard library only) and imported by the sidecar, so both
 ends agree on the framing, the version and the operations (DESIGN section 6).
 Unknown fields are ignored; an unknown op gets an error answer; ``progress``
-is the only request that is never answered.
+and ``lease`` are never answered.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ OP_SIGTERM = "sigterm"
 OP_PROGRESS = "progress"
 OP_STATUS = "status"
 OP_BYE = "bye"
-OPS = (OP_HELLO, OP_STAGED, OP_SIGTERM, OP_PROGRESS, OP_STATUS, OP_BYE)
-UNANSWERED_OPS = (OP_PROGRESS,)
+# Sent once on a connection the process then holds open until it dies: the
+# kernel closes it even on SIGKILL, so the sidecar sees a process end without
+# sharing its PID namespace. Never answered (an older sidecar's error answer is
+# simply never read).
+OP_LEASE = "lease"
+OPS = (OP_HELLO, OP_STAGED, OP_SIGTERM, OP_PROGRESS, OP_STATUS, OP_BYE, OP_LEASE)
+UNANSWERED_OPS = (OP_PROGRESS, OP_LEASE)
 
 KIND_PERIODIC = "periodic"
 KIND_JIT = "jit"

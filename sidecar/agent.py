@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 import uuid
@@ -28,6 +27,7 @@ from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
 from sidecar.grace import GraceClock
 from sidecar.metrics import Metrics
+from sidecar.presence import Presence
 from sidecar.restore import RestoreResult, restore
 from sidecar.server import ProtocolServer
 from sidecar.state import AgentState, ClientInfo, Committed, now_iso
@@ -73,16 +73,6 @@ async def verify_access(store: Store, config: AgentConfig) -> None:
         ) from exc
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Agent:
     """One sidecar process; also the protocol server's handler."""
 
@@ -106,6 +96,7 @@ class Agent:
         self._background: set[asyncio.Task[None]] = set()
         self._store: Store | None = None
         self._grace_warned: float | None = None
+        self.presence = Presence(config.pids_dir, config.trainer_start_timeout)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -233,26 +224,12 @@ class Agent:
 
     async def _wait_for_stop(self) -> None:
         while not self._stop.is_set():
-            if self.phase == "run" and self._trainer_gone():
-                log.info("the trainer is gone")
+            gone = self.presence.gone(self._clients_busy()) if self.phase == "run" else None
+            if gone is not None:
+                log.info("the trainer is gone: %s", gone)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), POLL_SECONDS)
-
-    def _trainer_gone(self) -> bool:
-        """Legacy run phase: someone connected or registered, and now nobody is left."""
-        pids: list[int] = []
-        if self.config.pids_dir.is_dir():
-            for path in self.config.pids_dir.glob("*.pid"):
-                with contextlib.suppress(ValueError, OSError):
-                    pids.append(int(path.read_text().split()[0]))
-        if pids:
-            self.state.seen_trainer = True
-        if not self.state.seen_trainer:
-            return False
-        if any(not c.said_bye for c in self.state.clients.values()):
-            return False
-        return not any(_alive(pid) for pid in pids)
 
     def _clients_busy(self) -> bool:
         return any(not c.said_bye for c in self.state.clients.values())
@@ -346,7 +323,7 @@ class Agent:
             node_rank=message.get("node_rank"),
             framework=str(message.get("framework") or ""),
         )
-        self.state.seen_trainer = True
+        self.presence.connected = True
         return protocol.answer_ok(restored=self.restored.answer())
 
     async def staged(self, pid: int, message: protocol.Message) -> protocol.Message:
@@ -395,6 +372,12 @@ class Agent:
         client.said_bye = True
         client.exit_code = message.get("exit_code")
         return protocol.answer_ok()
+
+    async def lease(self, pid: int, message: protocol.Message) -> None:
+        self.presence.leased()
+
+    async def lease_closed(self, pid: int) -> None:
+        self.presence.released()
 
     async def disconnected(self, pid: int) -> None:
         client = self.state.clients.get(pid)

@@ -25,6 +25,8 @@ ENV_S3_READ_TIMEOUT = "JITCKPT_S3_READ_TIMEOUT"  # seconds before a stalled read
 ENV_S3_MAX_ATTEMPTS = "JITCKPT_S3_MAX_ATTEMPTS"  # per request, botocore and our own loop
 ENV_GRACE_MARGIN = "JITCKPT_GRACE_MARGIN"  # seconds kept free before the SIGKILL
 ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete a torn one
+# Legacy run phase: seconds to wait for a first trainer process before giving up on it.
+ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
 
@@ -68,6 +70,7 @@ class AgentConfig(BaseModel):
     s3_read_timeout: float = Field(default=60.0, gt=0)
     s3_max_attempts: int = Field(default=8, ge=1)
     torn_min_age: float = Field(default=3600.0, ge=0)
+    trainer_start_timeout: float = Field(default=1800.0, gt=0)
 
     @field_validator("destination")
     @classmethod
@@ -126,6 +129,7 @@ class AgentConfig(BaseModel):
             "s3_read_timeout": ENV_S3_READ_TIMEOUT,
             "s3_max_attempts": ENV_S3_MAX_ATTEMPTS,
             "torn_min_age": ENV_TORN_MIN_AGE,
+            "trainer_start_timeout": ENV_TRAINER_START_TIMEOUT,
         }
         booleans = {"verify_ssl", "verify_access", "resume"}
         values: dict[str, object] = {"destination": source.get(layout.ENV_DESTINATION, "")}

@@ -1,10 +1,12 @@
 """The Unix-socket server the shim talks to (DESIGN 6), one JSON object per line.
 
 Every connection is served on its own: torchrun starts several processes per
-pod and each opens its own connection. Each request but ``progress`` gets
-exactly one answer line; an unknown op or a malformed line gets an error
-answer and the connection stays usable. The socket is made mode 0666 because
-the trainer may run as another user (the run volume is private to the pod).
+pod and each opens its own connection. Each request but ``progress`` and
+``lease`` gets exactly one answer line; an unknown op or a malformed line gets
+an error answer and the connection stays usable. A ``lease`` connection says
+nothing more: its closing tells the handler that the process holding it is
+gone. The socket is made mode 0666 because the trainer may run as another
+user (the run volume is private to the pod).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Handler(Protocol):
     async def progress(self, pid: int, message: protocol.Message) -> None: ...
     async def status(self, pid: int, message: protocol.Message) -> protocol.Message: ...
     async def bye(self, pid: int, message: protocol.Message) -> protocol.Message: ...
+    async def lease(self, pid: int, message: protocol.Message) -> None: ...
+    async def lease_closed(self, pid: int) -> None: ...
     async def disconnected(self, pid: int) -> None: ...
 
 
@@ -67,6 +71,7 @@ class ProtocolServer:
         if task is not None:
             self._tasks.add(task)
         pid = 0
+        leased = False
         try:
             while True:
                 try:
@@ -76,7 +81,17 @@ class ProtocolServer:
                 except asyncio.LimitOverrunError:
                     await self._write(writer, protocol.answer_error("line too long"))
                     return
-                answer, pid = await self._dispatch(line, pid)
+                try:
+                    message = protocol.decode(line)
+                except protocol.ProtocolError as exc:
+                    await self._write(writer, protocol.answer_error(str(exc)))
+                    continue
+                if message.get("op") == protocol.OP_LEASE:
+                    if not leased:  # one lease per connection, however often it is said
+                        await self._handler.lease(pid, message)
+                        leased = True
+                    continue
+                answer, pid = await self._dispatch(message, pid)
                 if answer is not None:
                     await self._write(writer, answer)
         except (ConnectionError, asyncio.CancelledError):
@@ -85,14 +100,14 @@ class ProtocolServer:
             if task is not None:
                 self._tasks.discard(task)
             with contextlib.suppress(Exception):
+                if leased:
+                    await self._handler.lease_closed(pid)
                 await self._handler.disconnected(pid)
             writer.close()
 
-    async def _dispatch(self, line: bytes, pid: int) -> tuple[protocol.Message | None, int]:
-        try:
-            message = protocol.decode(line)
-        except protocol.ProtocolError as exc:
-            return protocol.answer_error(str(exc)), pid
+    async def _dispatch(
+        self, message: protocol.Message, pid: int
+    ) -> tuple[protocol.Message | None, int]:
         op = message.get("op")
         handler = self._handler
         try:

@@ -48,7 +48,6 @@ class AgentState:
     committed: list[Committed] = field(default_factory=list)
     progress: dict[str, object] | None = None
     clients: dict[int, ClientInfo] = field(default_factory=dict)
-    seen_trainer: bool = False
     last_error: str | None = None
     queue_view: Callable[[], list[dict[str, object]]] = field(default=lambda: [])
 

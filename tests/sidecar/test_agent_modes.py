@@ -4,16 +4,22 @@ agent on a ``pvc://`` destination."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from shim import protocol
 from sidecar.config import AgentConfig
 from sidecar.demo.s3server import LocalS3
 from sidecar.storage.factory import open_store
 from sidecar.validity import scan
+from tests.shim.support import PYTHON, REPO, TRAIN_TINY, ShimEnv
 from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import commit, make_checkpoint, stage
 
@@ -26,6 +32,14 @@ def _valid_steps(destination: str, pvc: Path) -> list[int]:
             return [s.step async for s in scan(store) if s.valid]
 
     return asyncio.run(main())
+
+
+# A trainer process as the shim makes it: one lease held open for its whole life.
+LEASE_HOLDER = (
+    "import os, sys, time; from shim import protocol;"
+    "c = protocol.Client(sys.argv[1]); c.send(protocol.OP_LEASE, pid=os.getpid());"
+    "print('leased', flush=True); time.sleep(120)"
+)
 
 
 def test_legacy_restore_then_run_exits_when_the_trainer_is_gone(
@@ -45,13 +59,17 @@ def test_legacy_restore_then_run_exits_when_the_trainer_is_gone(
 
     run = AgentProcess(root=tmp_path, destination=destination, s3_env=s3_env, phase="run")
     run.runs = init.runs
-    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A pid file from the trainer's own PID namespace: pid 1 there is not our pid 1 (alive).
+    pids = run.socket.parent / "pids"
+    pids.mkdir(parents=True, exist_ok=True)
+    (pids / "1.pid").write_text("1\npid:[1]\n")
+    run.start()
+    run.wait_ready()
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", LEASE_HOLDER, str(run.socket)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        pids = run.socket.parent / "pids"
-        pids.mkdir(parents=True, exist_ok=True)
-        (pids / f"{trainer.pid}.pid").write_text(str(trainer.pid))
-        run.start()
-        run.wait_ready()
+        assert trainer.stdout is not None and trainer.stdout.readline() == "leased\n"
         client = protocol.Client(str(run.socket))
         hello = client.call(protocol.OP_HELLO, pid=trainer.pid)
         assert hello["restored"]["step"] == 4
@@ -60,16 +78,69 @@ def test_legacy_restore_then_run_exits_when_the_trainer_is_gone(
         assert client.call(protocol.OP_BYE, exit_code=0)["ok"]
         client.close()
         time.sleep(1.5)
-        assert run.process is not None and run.process.poll() is None, "trainer pid still alive"
-        trainer.kill()
+        assert run.process is not None and run.process.poll() is None, "lease still held"
+        trainer.kill()  # SIGKILL: no bye, no cleanup; the kernel closes the lease
         trainer.wait()
+        killed = time.monotonic()
         assert run.wait(30) == 0, run.log()
+        assert time.monotonic() - killed < 5
     finally:
         trainer.kill()
         run.kill()
-    assert "the trainer is gone" in run.log()
+    assert "the trainer is gone: every lease" in run.log()
     assert run.termination()["last_committed"]["step"] == 8
     assert _valid_steps(destination, tmp_path) == [8, 4]
+
+
+@pytest.mark.slow
+def test_legacy_run_exits_promptly_after_a_sigkilled_trainer_in_its_own_pid_namespace(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """A real shim'd trainer as PID 1 of its own PID namespace (a pod without
+    shareProcessNamespace), SIGKILLed: its pid file stays behind and names "1"."""
+    destination = f"s3://{bucket}/ns/job"
+    init = AgentProcess(root=tmp_path, destination=destination, s3_env=s3_env, phase="restore")
+    init.start()
+    assert init.wait(60) == 0, init.log()
+    run = AgentProcess(root=tmp_path, destination=destination, s3_env=s3_env, phase="run")
+    run.runs = init.runs
+    run.start()
+    run.wait_ready()
+    pod = ShimEnv(tmp_path / "trainer")
+    env = {**pod.env, "JITCKPT_DIR": str(run.local_dir), "JITCKPT_SOCKET": str(run.socket)}
+    args = ["--output-dir", str(tmp_path / "out"), "--max-steps", "200", "--save-steps", "2"]
+    log = tmp_path / "trainer.log"
+    with log.open("wb") as out:
+        trainer = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", PYTHON, *TRAIN_TINY, *args],
+            env=env,
+            cwd=str(REPO),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "periodic checkpoint-4 handed" not in log.read_text(errors="replace"):
+            assert trainer.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        [pid_file] = (run.socket.parent / "pids").glob("*.pid")
+        assert pid_file.read_text().split()[0] == "1"  # its namespace's pid, not ours
+        [namespace_init] = (
+            Path(f"/proc/{trainer.pid}/task/{trainer.pid}/children").read_text().split()
+        )
+        os.kill(int(namespace_init), signal.SIGKILL)  # the node's kernel OOM killer, say
+        assert trainer.wait(30) != 0
+        killed = time.monotonic()
+        assert run.wait(60) == 0, run.log()
+        assert time.monotonic() - killed < 15
+    finally:
+        trainer.kill()
+        run.kill()
+    assert pid_file.exists()  # stale, and ignored: it is not of the agent's namespace
+    assert "the trainer is gone: every lease" in run.log()
+    staged = re.findall(r"accepted checkpoint-(\d+)", run.log())
+    assert staged and run.termination()["uncommitted"] == []
+    assert run.termination()["last_committed"]["step"] == max(int(step) for step in staged)
 
 
 def test_agent_on_a_pvc_destination(tmp_path: Path, s3_env: dict[str, str]) -> None:
