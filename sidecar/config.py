@@ -20,7 +20,11 @@ from sidecar.uri import parse_job_root
 
 # Sidecar-only tuning (not part of the injected pod spec).
 ENV_PART_SIZE = "JITCKPT_PART_SIZE"  # multipart part size and threshold, bytes
-ENV_CONCURRENCY = "JITCKPT_UPLOAD_CONCURRENCY"  # parts/ranges in flight per store
+ENV_CONCURRENCY = "JITCKPT_UPLOAD_CONCURRENCY"  # parts in flight per store
+# Downloads have their own range size and concurrency: stores cost per request, and a
+# restore is on the job's critical path, so it fetches larger ranges, more at once.
+ENV_DOWNLOAD_RANGE_SIZE = "JITCKPT_DOWNLOAD_RANGE_SIZE"  # bytes per ranged GET
+ENV_DOWNLOAD_CONCURRENCY = "JITCKPT_DOWNLOAD_CONCURRENCY"  # ranges in flight per store
 ENV_S3_READ_TIMEOUT = "JITCKPT_S3_READ_TIMEOUT"  # seconds before a stalled read is retried
 ENV_S3_MAX_ATTEMPTS = "JITCKPT_S3_MAX_ATTEMPTS"  # per request, botocore and our own loop
 ENV_GRACE_MARGIN = "JITCKPT_GRACE_MARGIN"  # seconds kept free before the SIGKILL
@@ -29,6 +33,9 @@ ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete
 ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
+DOWNLOAD_RANGE_SIZE = 64 * 1024 * 1024
+DOWNLOAD_CONCURRENCY = 8
+MIN_RANGE_SIZE = 1024 * 1024  # below this, per-request cost dominates any store
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -67,6 +74,8 @@ class AgentConfig(BaseModel):
     pvc_mount: Path = Path(layout.PVC_MOUNT)
     part_size: int = Field(default=16 * 1024 * 1024, ge=S3_MIN_PART)
     concurrency: int = Field(default=4, ge=1, le=64)
+    download_range_size: int = Field(default=DOWNLOAD_RANGE_SIZE, ge=MIN_RANGE_SIZE)
+    download_concurrency: int = Field(default=DOWNLOAD_CONCURRENCY, ge=1, le=64)
     s3_read_timeout: float = Field(default=60.0, gt=0)
     s3_max_attempts: int = Field(default=8, ge=1)
     torn_min_age: float = Field(default=3600.0, ge=0)
@@ -126,6 +135,8 @@ class AgentConfig(BaseModel):
             "pvc_mount": layout.ENV_PVC_MOUNT,
             "part_size": ENV_PART_SIZE,
             "concurrency": ENV_CONCURRENCY,
+            "download_range_size": ENV_DOWNLOAD_RANGE_SIZE,
+            "download_concurrency": ENV_DOWNLOAD_CONCURRENCY,
             "s3_read_timeout": ENV_S3_READ_TIMEOUT,
             "s3_max_attempts": ENV_S3_MAX_ATTEMPTS,
             "torn_min_age": ENV_TORN_MIN_AGE,

@@ -19,6 +19,8 @@ def open_store(config: AgentConfig, root: JobRoot | None = None) -> Store:
             target.uri,
             part_size=config.part_size,
             concurrency=config.concurrency,
+            download_range_size=config.download_range_size,
+            download_concurrency=config.download_concurrency,
             read_timeout=config.s3_read_timeout,
             max_attempts=config.s3_max_attempts,
             verify_ssl=config.verify_ssl,

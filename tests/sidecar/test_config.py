@@ -99,3 +99,21 @@ def test_agent_refuses_bad_settings_with_exit_2(destination: str, expected: str)
     )
     assert done.returncode == 2
     assert "invalid settings" in done.stderr and expected in done.stderr
+
+
+def test_downloads_have_their_own_range_size_and_concurrency() -> None:
+    from sidecar import config as cfg
+
+    defaults = AgentConfig.from_env({layout.ENV_DESTINATION: "s3://b/p"})
+    assert (defaults.download_range_size, defaults.download_concurrency) == (64 << 20, 8)
+    assert (defaults.part_size, defaults.concurrency) == (16 << 20, 4)
+    tuned = AgentConfig.from_env(
+        {
+            layout.ENV_DESTINATION: "s3://b/p",
+            cfg.ENV_DOWNLOAD_RANGE_SIZE: str(32 << 20),
+            cfg.ENV_DOWNLOAD_CONCURRENCY: "16",
+        }
+    )
+    assert (tuned.download_range_size, tuned.download_concurrency) == (32 << 20, 16)
+    with pytest.raises(ValidationError):
+        AgentConfig.from_env({layout.ENV_DESTINATION: "s3://b/p", cfg.ENV_DOWNLOAD_RANGE_SIZE: "1"})
