@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar import checksum
 from sidecar import manifest as mf
 from sidecar.storage.base import PartGate, Store
 
@@ -53,9 +52,10 @@ async def commit_node(
     async def one(relative: str) -> tuple[mf.FileEntry, int]:
         path = source / relative
         async with slots:
-            crc = await asyncio.to_thread(checksum.of_file, path)
-            result = await store.put_file(mf.file_key(step, relative), path, crc, gate)
-        entry = mf.FileEntry(path=relative, size=result.size, crc32c=crc, parts=result.parts)
+            result = await store.put_file(mf.file_key(step, relative), path, gate=gate)
+        entry = mf.FileEntry(
+            path=relative, size=result.size, crc32c=result.crc32c, parts=result.parts
+        )
         return entry, result.retries
 
     done = await asyncio.gather(*(one(f) for f in sorted(files)))

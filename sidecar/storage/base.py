@@ -36,11 +36,13 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class PutResult:
-    """What one upload took: for metrics and the grace estimate."""
+    """What one upload took (for metrics and the grace estimate) and the CRC32C of the
+    bytes it sent, for the manifest."""
 
     size: int
     parts: int
     retries: int
+    crc32c: str
 
 
 class Store(abc.ABC):
@@ -64,9 +66,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def put_file(
-        self, key: str, path: Path, crc32c: str, gate: PartGate | None = None
+        self, key: str, path: Path, crc32c: str | None = None, gate: PartGate | None = None
     ) -> PutResult:
-        """Upload a local file; ``crc32c`` is the file's own, sent along where supported."""
+        """Upload a local file and return the CRC32C of what was sent, computed from the
+        bytes as they are read (no separate pass). A ``crc32c`` the caller already has is
+        checked against it: a mismatch means the file changed, a VerificationError."""
 
     @abc.abstractmethod
     async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:

@@ -38,6 +38,13 @@ def endpoint_from_env(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _check_unchanged(path: Path, expected: str | None, sent: str) -> None:
+    if expected is not None and expected != sent:
+        raise VerificationError(
+            f"{path} changed while being uploaded (CRC32C {sent}, not {expected})"
+        )
+
+
 class S3Store(Store):
     """One job root in one bucket; use as an async context manager."""
 
@@ -152,7 +159,7 @@ class S3Store(Store):
         return await self.policy.run(f"head {self._uri}/{key}", call)
 
     async def put_file(
-        self, key: str, path: Path, crc32c: str, gate: PartGate | None = None
+        self, key: str, path: Path, crc32c: str | None = None, gate: PartGate | None = None
     ) -> PutResult:
         size = path.stat().st_size
         before = self.policy.retries
@@ -160,10 +167,12 @@ class S3Store(Store):
             data = await asyncio.to_thread(path.read_bytes)
             if len(data) != size:
                 raise VerificationError(f"{path} changed size while being uploaded")
-            await self._put(key, data, crc32c, gate)
-            return PutResult(size=size, parts=1, retries=self.policy.retries - before)
-        parts = await self._multipart(key, path, size, gate)
-        return PutResult(size=size, parts=parts, retries=self.policy.retries - before)
+            sent = checksum.of_bytes(data)
+            _check_unchanged(path, crc32c, sent)
+            await self._put(key, data, sent, gate)
+            return PutResult(size=size, parts=1, retries=self.policy.retries - before, crc32c=sent)
+        parts, sent = await self._multipart(key, path, size, crc32c, gate)
+        return PutResult(size=size, parts=parts, retries=self.policy.retries - before, crc32c=sent)
 
     @contextlib.asynccontextmanager
     async def _slot(self, gate: PartGate | None) -> AsyncIterator[None]:
@@ -195,7 +204,11 @@ class S3Store(Store):
                 ),
             )
 
-    async def _multipart(self, key: str, path: Path, size: int, gate: PartGate | None) -> int:
+    async def _multipart(
+        self, key: str, path: Path, size: int, crc32c: str | None, gate: PartGate | None
+    ) -> tuple[int, str]:
+        """Upload in parts; returns the part count and the file's CRC32C, combined from the
+        parts' (checked against ``crc32c`` before completing, when given)."""
         client = await self._c()
         full = self._key(key)
         created = await self.policy.run(
@@ -208,14 +221,15 @@ class S3Store(Store):
         count = (size + self.part_size - 1) // self.part_size
         fd = os.open(path, os.O_RDONLY)
 
-        async def part(number: int) -> dict[str, Any]:
+        async def part(number: int) -> tuple[dict[str, Any], int, int]:
             async with self._slot(gate):
                 offset = (number - 1) * self.part_size
                 length = min(self.part_size, size - offset)
                 data = await asyncio.to_thread(os.pread, fd, length, offset)
                 if len(data) != length:
                     raise VerificationError(f"{path} shrank while being uploaded")
-                crc = checksum.of_bytes(data)
+                value = google_crc32c.value(data)
+                crc = checksum.encode(value)
                 answer = await self.policy.run(
                     f"upload part {number}/{count} of {self._uri}/{key}",
                     lambda: client.upload_part(
@@ -227,17 +241,20 @@ class S3Store(Store):
                         ChecksumCRC32C=crc,
                     ),
                 )
-                return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32C": crc}
+                sent = {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32C": crc}
+                return sent, value, length
 
         try:
             done = await asyncio.gather(*(part(n) for n in range(1, count + 1)))
+            whole = checksum.encode(checksum.combine_all((v, n) for _, v, n in done))
+            _check_unchanged(path, crc32c, whole)
             await self.policy.run(
                 f"complete multipart {self._uri}/{key}",
                 lambda: client.complete_multipart_upload(
                     Bucket=self._bucket,
                     Key=full,
                     UploadId=upload_id,
-                    MultipartUpload={"Parts": list(done)},
+                    MultipartUpload={"Parts": [sent for sent, _, _ in done]},
                 ),
             )
         except BaseException:
@@ -248,7 +265,7 @@ class S3Store(Store):
             raise
         finally:
             os.close(fd)
-        return count
+        return count, whole
 
     async def _get_range(self, key: str, start: int, length: int) -> bytes:
         client = await self._c()

@@ -1,0 +1,81 @@
+"""S3Store's CRC32C handling against moto: whole-file CRCs derived from parts and ranges."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from sidecar import checksum
+from sidecar.storage.base import VerificationError
+from sidecar.storage.s3 import S3Store
+
+MIB = 1024 * 1024
+
+
+def store(bucket: str, *, range_size: int = MIB) -> S3Store:
+    return S3Store(
+        bucket,
+        "team/ns/job",
+        f"s3://{bucket}/team/ns/job",
+        part_size=5 * MIB,
+        concurrency=2,
+        read_timeout=10.0,
+        max_attempts=2,
+        download_range_size=range_size,
+        download_concurrency=3,
+    )
+
+
+@pytest.mark.parametrize("size", [0, 1, 5 * MIB, 11 * MIB + 3])
+def test_put_returns_the_file_crc_and_get_verifies_ranges(
+    size: int, tmp_path: Path, bucket: str, s3_env: dict[str, str]
+) -> None:
+    source = tmp_path / "src.bin"
+    source.write_bytes(os.urandom(size))
+
+    async def go() -> None:
+        async with store(bucket) as s3:
+            result = await s3.put_file("checkpoint-1/w.bin", source)
+            assert result.crc32c == checksum.of_file(source)
+            assert result.parts == max(1, -(-size // (5 * MIB)))
+            target = tmp_path / "out" / "w.bin"
+            await s3.get_file("checkpoint-1/w.bin", target, size, result.crc32c)
+            assert target.read_bytes() == source.read_bytes()
+
+    asyncio.run(go())
+
+
+def test_get_rejects_a_crc_that_does_not_match(
+    tmp_path: Path, bucket: str, s3_env: dict[str, str]
+) -> None:
+    source = tmp_path / "src.bin"
+    source.write_bytes(os.urandom(3 * MIB + 17))
+    wrong = checksum.of_bytes(b"something else")
+
+    async def go() -> None:
+        async with store(bucket) as s3:
+            await s3.put_file("checkpoint-2/w.bin", source)
+            with pytest.raises(VerificationError, match="CRC32C"):
+                await s3.get_file("checkpoint-2/w.bin", tmp_path / "o.bin", 3 * MIB + 17, wrong)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("size", [MIB, 7 * MIB])
+def test_put_rejects_a_stated_crc_the_bytes_do_not_have(
+    size: int, tmp_path: Path, bucket: str, s3_env: dict[str, str]
+) -> None:
+    source = tmp_path / "src.bin"
+    source.write_bytes(os.urandom(size))
+    stale = checksum.of_bytes(b"the file before it changed")
+
+    async def go() -> None:
+        async with store(bucket) as s3:
+            with pytest.raises(VerificationError, match="changed"):
+                await s3.put_file("checkpoint-3/w.bin", source, stale)
+            assert await s3.head("checkpoint-3/w.bin") is None
+
+    asyncio.run(go())
