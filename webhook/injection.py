@@ -4,6 +4,10 @@ Pure: it takes a pod and returns a new one plus the status record and the
 warnings; deciding *whether* to inject is ``webhook/mutate.py``'s job. Every
 name and path comes from ``shim/layout.py`` so the sidecar and the shim read
 back exactly what is written here.
+
+The new pod copies only the objects the injection changes and shares all
+others with the input: an admission must be cheap, and the diff skips what
+the two share. So neither pod may be changed in place afterwards.
 """
 
 from __future__ import annotations
@@ -72,12 +76,11 @@ def shutdown_timeout(grace: int) -> int:
 
 
 def _list(holder: dict[str, Any], key: str) -> list[Any]:
-    """``holder[key]`` as a list to extend; an absent or null list becomes []."""
+    """A copy of ``holder[key]`` put in its place, to extend; an absent or null list becomes []."""
     value = holder.get(key)
-    if not isinstance(value, list):
-        value = []
-        holder[key] = value
-    return value
+    copied = list(value) if isinstance(value, list) else []
+    holder[key] = copied
+    return copied
 
 
 def _env(name: str, value: str) -> dict[str, Any]:
@@ -214,7 +217,8 @@ def _trainer_env(
     """Add the trainer's env in place; returns (names added, names edited in place)."""
     name = container["name"]
     env = _list(container, "env")
-    existing = {e.get("name"): e for e in env if isinstance(e, dict)}
+    at = {e.get("name"): i for i, e in enumerate(env) if isinstance(e, dict)}
+    existing = {env_name: env[i] for env_name, i in at.items()}
     added: list[str] = []
     prepended: list[str] = []
     python_path = existing.get(PYTHONPATH)
@@ -229,7 +233,8 @@ def _trainer_env(
     else:
         current = str(python_path.get("value", ""))
         if layout.SHIM_DIR not in current.split(":"):
-            python_path["value"] = f"{layout.SHIM_DIR}:{current}" if current else layout.SHIM_DIR
+            value = f"{layout.SHIM_DIR}:{current}" if current else layout.SHIM_DIR
+            env[at[PYTHONPATH]] = {**python_path, "value": value}
             prepended.append(PYTHONPATH)
     wanted = [
         (layout.ENV_DIR, layout.LOCAL_DIR),
@@ -264,7 +269,10 @@ def _prestop(container: dict[str, Any], warnings: list[str]) -> bool:
             "behind a shell PID 1 get SIGTERM only if that hook or the shell forwards it"
         )
         return False
-    lifecycle["preStop"] = {"exec": {"command": ["/bin/sh", "-c", PRESTOP_SCRIPT]}}
+    container["lifecycle"] = {
+        **lifecycle,
+        "preStop": {"exec": {"command": ["/bin/sh", "-c", PRESTOP_SCRIPT]}},
+    }
     return True
 
 
@@ -278,8 +286,8 @@ def build(
     config: WebhookConfig,
 ) -> Injected:
     """The injected pod for validated ``values`` (destination set); ``pod`` is not touched."""
-    out = copy.deepcopy(pod)
-    spec = out["spec"]
+    spec = {**pod["spec"]}
+    out = {**pod, "metadata": {**pod["metadata"]}, "spec": spec}
     warnings = list(trainer.notes)
     mode = values["sidecar-mode"]
     scheme, claim, _ = split_destination(values["destination"])
@@ -311,7 +319,10 @@ def build(
     _list(spec, "volumes").extend(volumes)
     status.volumes = [v["name"] for v in volumes]
 
-    trainer_container = spec["containers"][trainer.container_index]
+    containers = spec["containers"] = list(spec["containers"])
+    trainer_container = containers[trainer.container_index] = {
+        **containers[trainer.container_index]
+    }
     _list(trainer_container, "volumeMounts").extend(_shared_mounts(shim_read_only=True))
     added, prepended = _trainer_env(trainer_container, values, grace, warnings)
     status.env = {trainer_container["name"]: added}
@@ -335,7 +346,7 @@ def build(
         run = plan.container(AGENT, ["jitckpt", "agent", "--phase", "run"])
         run["ports"] = _status_port()
         init.insert(0, restore)
-        spec["containers"].append(run)
+        containers.append(run)
         status.initContainers = [RESTORE]
         status.containers = [AGENT]
 

@@ -9,7 +9,6 @@ idempotent, and for ``jitckpt audit`` to tell drift from a clean injection.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -101,24 +100,32 @@ def _drop_named(holder: dict[str, Any], key: str, names: list[str]) -> None:
 
 
 def strip(pod: dict[str, Any], status: InjectionStatus) -> dict[str, Any]:
-    """The pod as it was before the injection ``status`` describes."""
-    original = copy.deepcopy(pod)
-    spec = original.setdefault("spec", {})
+    """The pod as it was before the injection ``status`` describes.
+
+    A new pod that copies only what it takes out and shares the rest with ``pod``.
+    """
+    original = {**pod}
+    spec = original["spec"] = {**original.get("spec", {})}
     _drop_named(spec, "initContainers", status.initContainers)
     _drop_named(spec, "containers", status.containers)
     _drop_named(spec, "volumes", status.volumes)
+    if isinstance(spec.get("containers"), list):
+        spec["containers"] = [{**c} for c in spec["containers"]]
     for container in spec.get("containers") or []:
         name = container.get("name")
         _drop_named(container, "volumeMounts", status.volumes)
         _drop_named(container, "env", status.env.get(name, []))
-        for entry in container.get("env") or []:
-            if entry.get("name") in status.prependedEnv.get(name, []):
-                value = str(entry.get("value", ""))
-                entry["value"] = value.removeprefix(layout.SHIM_DIR + ":")
+        prepended = status.prependedEnv.get(name, [])
+        if prepended and isinstance(container.get("env"), list):
+            container["env"] = [
+                _unprepend(e) if e.get("name") in prepended else e for e in container["env"]
+            ]
         if name in status.preStop:
-            lifecycle = container.get("lifecycle") or {}
+            lifecycle = {**(container.get("lifecycle") or {})}
             lifecycle.pop("preStop", None)
-            if not lifecycle:
+            if lifecycle:
+                container["lifecycle"] = lifecycle
+            else:
                 container.pop("lifecycle", None)
     before = status.gracePeriod.get("from")
     if "to" in status.gracePeriod:
@@ -126,8 +133,17 @@ def strip(pod: dict[str, Any], status: InjectionStatus) -> dict[str, Any]:
             spec.pop("terminationGracePeriodSeconds", None)
         else:
             spec["terminationGracePeriodSeconds"] = before
+    metadata = original["metadata"] = {**original.get("metadata", {})}
+    if isinstance(metadata.get("annotations"), dict):
+        metadata["annotations"] = {**metadata["annotations"]}
     drop_status_annotation(original)
     return original
+
+
+def _unprepend(entry: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the env ``entry`` without the shim's directory in front of its value."""
+    value = str(entry.get("value", ""))
+    return {**entry, "value": value.removeprefix(layout.SHIM_DIR + ":")}
 
 
 def drop_status_annotation(pod: dict[str, Any]) -> None:
