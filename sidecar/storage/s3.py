@@ -29,6 +29,9 @@ from sidecar.storage.retry import RetryPolicy
 
 ENV_ENDPOINTS = ("AWS_S3_ENDPOINT", "AWS_ENDPOINT_URL")
 ENV_REGION = "AWS_DEFAULT_REGION"
+# Downloads write each range in pieces of this size as they arrive: ranges are large
+# (fewer requests), and buffering whole ones would not fit the sidecar's memory limit.
+WRITE_CHUNK = 4 * 1024 * 1024
 
 
 def endpoint_from_env(env: Mapping[str, str]) -> str | None:
@@ -267,22 +270,43 @@ class S3Store(Store):
             os.close(fd)
         return count, whole
 
-    async def _get_range(self, key: str, start: int, length: int) -> bytes:
+    async def _fetch_range(self, key: str, fd: int, start: int, length: int) -> int:
+        """GET one range and write it at its offset as it streams in, in pieces of at most
+        WRITE_CHUNK, so memory stays bounded whatever the range size; returns its CRC32C
+        (a retry rewrites the whole range and starts the CRC over)."""
         client = await self._c()
 
-        async def call() -> bytes:
+        def write(pieces: list[bytes], offset: int, crc: int) -> int:
+            data = b"".join(pieces)
+            os.pwrite(fd, data, offset)
+            return int(google_crc32c.extend(crc, data))
+
+        async def call() -> int:
             answer = await client.get_object(
                 Bucket=self._bucket,
                 Key=self._key(key),
                 Range=f"bytes={start}-{start + length - 1}",
             )
+            crc = 0
+            received = 0
+            pieces: list[bytes] = []
+            pending = 0
             async with answer["Body"] as body:
-                data: bytes = await body.read()
-            if len(data) != length:
+                while chunk := await body.read(WRITE_CHUNK - pending):
+                    pieces.append(chunk)
+                    pending += len(chunk)
+                    if pending >= WRITE_CHUNK:
+                        crc = await asyncio.to_thread(write, pieces, start + received, crc)
+                        received += pending
+                        pieces, pending = [], 0
+            if pieces:
+                crc = await asyncio.to_thread(write, pieces, start + received, crc)
+                received += pending
+            if received != length:
                 raise VerificationError(
-                    f"range {start}+{length} of {key} came back with {len(data)} bytes"
+                    f"range {start}+{length} of {key} came back with {received} bytes"
                 )
-            return data
+            return crc
 
         async with self._get_slots:
             return await self.policy.run(f"get {self._uri}/{key} @{start}", call)
@@ -292,18 +316,12 @@ class S3Store(Store):
         memory and the ranges' CRCs are combined, so the file is never read back."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-
-        def write(data: bytes, start: int) -> int:
-            os.pwrite(fd, data, start)
-            return google_crc32c.value(data)
-
         try:
             os.ftruncate(fd, size)
 
             async def fetch(start: int) -> tuple[int, int]:
                 length = min(self.range_size, size - start)
-                data = await self._get_range(key, start, length)
-                return await asyncio.to_thread(write, data, start), length
+                return await self._fetch_range(key, fd, start, length), length
 
             ranges = await asyncio.gather(*(fetch(s) for s in range(0, size, self.range_size)))
             await asyncio.to_thread(os.fsync, fd)

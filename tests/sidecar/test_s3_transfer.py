@@ -29,15 +29,19 @@ def store(bucket: str, *, range_size: int = MIB) -> S3Store:
     )
 
 
-@pytest.mark.parametrize("size", [0, 1, 5 * MIB, 11 * MIB + 3])
+@pytest.mark.parametrize(
+    ("size", "range_size"),
+    [(0, MIB), (1, MIB), (5 * MIB, MIB), (11 * MIB + 3, MIB), (11 * MIB + 3, 9 * MIB)],
+)
 def test_put_returns_the_file_crc_and_get_verifies_ranges(
-    size: int, tmp_path: Path, bucket: str, s3_env: dict[str, str]
+    size: int, range_size: int, tmp_path: Path, bucket: str, s3_env: dict[str, str]
 ) -> None:
+    """Ranges smaller and larger than the download's write pieces (WRITE_CHUNK)."""
     source = tmp_path / "src.bin"
     source.write_bytes(os.urandom(size))
 
     async def go() -> None:
-        async with store(bucket) as s3:
+        async with store(bucket, range_size=range_size) as s3:
             result = await s3.put_file("checkpoint-1/w.bin", source)
             assert result.crc32c == checksum.of_file(source)
             assert result.parts == max(1, -(-size // (5 * MIB)))
