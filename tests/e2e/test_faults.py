@@ -140,7 +140,11 @@ def test_sigkill_mid_upload_leaves_a_torn_checkpoint_never_loaded(
 
 
 def _wait_for_partial_upload(proxy: FaultProxy, after: int) -> int:
-    """The step of a checkpoint with one file in the store and optimizer.pt hanging."""
+    """The step of a checkpoint with one file in the store and optimizer.pt hanging.
+
+    "In the store" means moto answered the PUT: a request the proxy has only
+    seen may still be cut off by the SIGKILL, leaving nothing to call torn.
+    """
     landed = re.compile(r"checkpoint-(\d+)/model\.safetensors")
     hanging = re.compile(r"checkpoint-(\d+)/optimizer\.pt")
 
@@ -148,7 +152,9 @@ def _wait_for_partial_upload(proxy: FaultProxy, after: int) -> int:
         return {
             int(m.group(1))
             for r in list(proxy.requests)
-            if r.method == "PUT" and (r.fault is not None) == faulted
+            if r.method == "PUT"
+            and (r.fault is not None) == faulted
+            and (faulted or r.status == 200)
             for m in [pattern.search(r.target)]
             if m and int(m.group(1)) > after
         }

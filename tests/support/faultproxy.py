@@ -63,11 +63,17 @@ class Fault:
 
 @dataclass
 class Request:
-    """One request the proxy saw, and the fault it got (None: forwarded)."""
+    """One request the proxy saw, and the fault it got (None: forwarded).
+
+    ``status`` is the upstream's answer once it came back (None until then, and
+    for faulted requests): a test that needs an object to be in the store waits
+    for it rather than for the request to be seen.
+    """
 
     method: str
     target: str
     fault: str | None
+    status: int | None = None
 
 
 @dataclass
@@ -125,17 +131,19 @@ class FaultProxy:
         with self._lock:
             self._faults.append(fault)
 
-    def _take(self, method: str, target: str) -> Fault | None:
+    def _take(self, method: str, target: str) -> tuple[Request, Fault | None]:
         with self._lock:
             for fault in self._faults:
                 if fault.times > 0 and fault.matches(method, target):
                     fault.times -= 1
                     if fault.times == 0:
                         self._faults.remove(fault)
-                    self.requests.append(Request(method, target, fault.label))
-                    return fault
-            self.requests.append(Request(method, target, None))
-            return None
+                    seen = Request(method, target, fault.label)
+                    self.requests.append(seen)
+                    return seen, fault
+            seen = Request(method, target, None)
+            self.requests.append(seen)
+            return seen, None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -210,7 +218,7 @@ class FaultProxy:
         except asyncio.IncompleteReadError:
             return False
         method, target, headers = _parse_head(head)
-        fault = self._take(method, target)
+        seen, fault = self._take(method, target)
         if headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await writer.drain()
@@ -230,6 +238,7 @@ class FaultProxy:
             _abort(writer)
             return False
         response_head, response_body = await self._forward(head, body, method)
+        seen.status = int(response_head.split(b" ", 2)[1])
         if fault is not None and fault.kind == "reset":
             writer.write(response_head + response_body[: len(response_body) // 2])
             await writer.drain()
