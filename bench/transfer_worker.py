@@ -49,12 +49,25 @@ class Job:
 async def _jitckpt(job: Job) -> dict[str, Any]:
 
     from sidecar import checksum
-    from sidecar.config import ENV_CONCURRENCY, ENV_PART_SIZE, AgentConfig
+    from sidecar.config import (
+        ENV_CONCURRENCY,
+        ENV_DOWNLOAD_CONCURRENCY,
+        ENV_DOWNLOAD_RANGE_SIZE,
+        ENV_PART_SIZE,
+        AgentConfig,
+    )
     from sidecar.storage.factory import open_store
 
     # The sidecar's own tuning knobs pass through; everything else is its default.
     tuning = {
-        name: os.environ[name] for name in (ENV_PART_SIZE, ENV_CONCURRENCY) if name in os.environ
+        name: os.environ[name]
+        for name in (
+            ENV_PART_SIZE,
+            ENV_CONCURRENCY,
+            ENV_DOWNLOAD_RANGE_SIZE,
+            ENV_DOWNLOAD_CONCURRENCY,
+        )
+        if name in os.environ
     }
     config = AgentConfig.from_env(
         {"JITCKPT_DESTINATION": f"s3://{job.bucket}/{job.prefix}", **tuning}
@@ -68,12 +81,8 @@ async def _jitckpt(job: Job) -> dict[str, Any]:
     async with store:
         started, cpu = time.perf_counter(), time.process_time()
         if job.direction == "upload":
-
-            async def put(key: str, path: Path) -> None:
-                crc = await asyncio.to_thread(checksum.of_file, path)
-                await store.put_file(key, path, crc)
-
-            await asyncio.gather(*(put(key, path) for key, path in files))
+            # As the agent commits: the CRC32C comes out of the upload itself.
+            await asyncio.gather(*(store.put_file(key, path) for key, path in files))
         else:
             await asyncio.gather(
                 *(store.get_file(key, job.target / key, *expected[key]) for key, _ in files)
@@ -82,7 +91,12 @@ async def _jitckpt(job: Job) -> dict[str, Any]:
     return {
         "seconds": elapsed,
         "cpu_seconds": cpu_used,
-        "params": {"part_size": config.part_size, "concurrency": config.concurrency},
+        "params": {
+            "part_size": config.part_size,
+            "concurrency": config.concurrency,
+            "download_range_size": config.download_range_size,
+            "download_concurrency": config.download_concurrency,
+        },
     }
 
 
