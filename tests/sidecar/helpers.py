@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 from sidecar.commit import CommitResult, commit_node
+from sidecar.config import AgentConfig
 from sidecar.storage.base import Store
+from sidecar.storage.factory import open_store
 
 
 def make_checkpoint(root: Path, step: int, sizes: dict[str, int], seed: int = 0) -> Path:
@@ -40,6 +43,16 @@ async def commit(
         pod="pod-a",
         job="job-1",
     )
+
+
+def seed_store(destination: str, scratch: Path, step: int, sizes: dict[str, int]) -> None:
+    """Commit one valid checkpoint to ``destination`` before an agent starts: a job's past."""
+
+    async def main() -> None:
+        async with open_store(AgentConfig(destination=destination)) as store:
+            await commit(store, make_checkpoint(scratch, step, sizes), step)
+
+    asyncio.run(main())
 
 
 def stage(staging_root: Path, name: str, sizes: dict[str, int]) -> tuple[Path, list[str]]:

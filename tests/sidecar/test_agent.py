@@ -19,7 +19,7 @@ from sidecar.demo.s3server import LocalS3
 from sidecar.storage.factory import open_store
 from sidecar.validity import CheckpointState, scan
 from tests.sidecar.agentproc import AgentProcess
-from tests.sidecar.helpers import commit, make_checkpoint, stage
+from tests.sidecar.helpers import commit, make_checkpoint, seed_store, stage
 
 
 def _states(destination: str, env: dict[str, str], pvc: Path) -> dict[int, CheckpointState]:
@@ -268,11 +268,7 @@ def test_readyz_waits_for_the_restore(
 
     destination = f"s3://{bucket}/ns/job"
 
-    async def seed() -> None:
-        async with open_store(AgentConfig(destination=destination)) as store:
-            await commit(store, make_checkpoint(tmp_path, 3, {"model.bin": 4096}), 3)
-
-    asyncio.run(seed())
+    seed_store(destination, tmp_path, 3, {"model.bin": 4096})
     with FaultProxy(local_s3.endpoint) as proxy:
         proxy.stall(10, times=1, method="GET", path="model.bin")
         env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)

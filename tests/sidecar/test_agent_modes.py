@@ -21,7 +21,7 @@ from sidecar.storage.factory import open_store
 from sidecar.validity import scan
 from tests.shim.support import PYTHON, REPO, TRAIN_TINY, ShimEnv
 from tests.sidecar.agentproc import AgentProcess
-from tests.sidecar.helpers import commit, make_checkpoint, stage
+from tests.sidecar.helpers import seed_store, stage
 
 
 def _valid_steps(destination: str, pvc: Path) -> list[int]:
@@ -47,11 +47,7 @@ def test_legacy_restore_then_run_exits_when_the_trainer_is_gone(
 ) -> None:
     destination = f"s3://{bucket}/ns/job"
 
-    async def seed() -> None:
-        async with open_store(AgentConfig(destination=destination)) as store:
-            await commit(store, make_checkpoint(tmp_path, 4, {"m": 100}), 4)
-
-    asyncio.run(seed())
+    seed_store(destination, tmp_path, 4, {"m": 100})
     init = AgentProcess(root=tmp_path, destination=destination, s3_env=s3_env, phase="restore")
     init.start()
     assert init.wait(60) == 0, init.log()
@@ -209,11 +205,7 @@ def test_resume_false_starts_fresh(
 ) -> None:
     destination = f"s3://{bucket}/ns/job"
 
-    async def seed() -> None:
-        async with open_store(AgentConfig(destination=destination)) as store:
-            await commit(store, make_checkpoint(tmp_path, 4, {"m": 100}), 4)
-
-    asyncio.run(seed())
+    seed_store(destination, tmp_path, 4, {"m": 100})
     agent = AgentProcess(
         root=tmp_path / "pod",
         destination=destination,
@@ -248,11 +240,7 @@ def test_retention_in_the_agent_keeps_newest_and_the_restored_one(
 ) -> None:
     destination = f"s3://{bucket}/ns/job"
 
-    async def seed() -> None:
-        async with open_store(AgentConfig(destination=destination)) as store:
-            await commit(store, make_checkpoint(tmp_path, 1, {"m": 10}), 1)
-
-    asyncio.run(seed())
+    seed_store(destination, tmp_path, 1, {"m": 10})
     agent = AgentProcess(
         root=tmp_path / "pod",
         destination=destination,
