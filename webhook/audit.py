@@ -43,21 +43,15 @@ def run(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from webhook.config import ConfigError, load_config
-    from webhook.documents import InputError, load_documents, namespaces, walk
+    from webhook.documents import InputError, read_command_input, walk
     from webhook.drift import audit_pod
-    from webhook.inject_cmd import read_input
 
     try:
-        config = load_config(args.config)
-        docs = load_documents(read_input(args.filename), args.filename)
-    except (ConfigError, InputError) as exc:
+        given = read_command_input(args.filename, args.config)
+    except InputError as exc:
         print(f"jitckpt audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"jitckpt audit: {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    known = namespaces(docs)
+    config, docs, known = given.config, given.docs, given.namespaces
     audits = []
     for obj in walk(docs):
         if obj.get("kind") != "Pod":

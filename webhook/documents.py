@@ -9,11 +9,15 @@ audit`` both read their input through here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from webhook.config import ConfigError, WebhookConfig, load_config
 from webhook.mutate import NamespaceInfo
 
 
@@ -102,3 +106,36 @@ def describe(obj: dict[str, Any], default_namespace: str) -> str:
     name = meta.get("name") or f"{meta.get('generateName') or ''}*"
     namespace = meta.get("namespace") or default_namespace
     return f"{str(obj.get('kind', '?')).lower()}/{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class CommandInput:
+    """What ``jitckpt inject`` and ``jitckpt audit`` start from."""
+
+    config: WebhookConfig
+    docs: list[Any]
+    namespaces: dict[str, NamespaceInfo]  # from --namespace-file, then the input itself
+
+
+def read_command_input(
+    filename: str, config_path: Path | None, namespace_files: Sequence[Path] = ()
+) -> CommandInput:
+    """Load the config, the input (``-``: stdin) and the namespaces it describes.
+
+    Every way this can fail (a bad config, YAML that is not Kubernetes, a file
+    that cannot be read) is an ``InputError`` with a one-line message, so both
+    commands report it the same way.
+    """
+    try:
+        config = load_config(config_path)
+        text = sys.stdin.read() if filename == "-" else Path(filename).read_text(encoding="utf-8")
+        docs = load_documents(text, filename)
+        known: dict[str, NamespaceInfo] = {}
+        for path in namespace_files:
+            known.update(namespaces(load_documents(path.read_text(encoding="utf-8"), str(path))))
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    except OSError as exc:
+        raise InputError(f"{exc.filename}: {exc.strerror}") from None
+    known.update(namespaces(docs))
+    return CommandInput(config, docs, known)

@@ -52,31 +52,16 @@ def settings_help() -> str:
     return "\n".join(lines)
 
 
-def read_input(name: str) -> str:
-    """The text of ``name``, or of stdin for ``-``."""
-    if name == "-":
-        return sys.stdin.read()
-    return Path(name).read_text(encoding="utf-8")
-
-
 def run(args: argparse.Namespace) -> int:
-    from webhook.config import ConfigError, load_config
-    from webhook.documents import InputError, dump_documents, load_documents, namespaces
+    from webhook.documents import InputError, dump_documents, read_command_input
     from webhook.offline import OfflineInjector
 
     try:
-        config = load_config(args.config)
-        docs = load_documents(read_input(args.filename), args.filename)
-        known = {}
-        for path in args.namespace_file:
-            known.update(namespaces(load_documents(path.read_text(encoding="utf-8"), str(path))))
-    except (ConfigError, InputError) as exc:
+        given = read_command_input(args.filename, args.config, args.namespace_file)
+    except InputError as exc:
         print(f"jitckpt inject: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"jitckpt inject: {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    known.update(namespaces(docs))
+    config, docs, known = given.config, given.docs, given.namespaces
     injector = OfflineInjector(config, known, args.namespace)
     out = [injector.document(doc) for doc in docs]
     for line in injector.outcome.lines:
