@@ -97,7 +97,7 @@ def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> flo
 
 
 def step_case(options: BenchOptions, node: JitckptNode, work: Path) -> Case:
-    from sidecar.demo.s3server import free_port
+    from local.s3server import free_port
 
     reps = options.repetitions(5, 3)
     steps = 30 if options.quick else 60
@@ -120,7 +120,7 @@ def step_case(options: BenchOptions, node: JitckptNode, work: Path) -> Case:
 
 
 def run(options: BenchOptions) -> list[Case]:
-    from sidecar.demo.s3server import LocalS3
+    from local.s3server import LocalS3
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-overheads-") as tmp,

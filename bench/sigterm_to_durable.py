@@ -136,7 +136,7 @@ def run_peer(
 
 
 def run(options: BenchOptions) -> list[Case]:
-    from sidecar.demo.s3server import LocalS3
+    from local.s3server import LocalS3
 
     sizes = [
         ("50 MB", 50 * MB, options.repetitions(5, 3)),

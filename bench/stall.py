@@ -63,7 +63,7 @@ def stalls(subject: str, shape: ModelShape, s3_env: dict[str, str], timeout: flo
 
 
 def run(options: BenchOptions) -> list[Case]:
-    from sidecar.demo.s3server import LocalS3
+    from local.s3server import LocalS3
 
     reps = options.repetitions(3, 2)  # three saves per run: 9 samples (6 with --quick)
     sizes = [("50 MB", 50 * MB)] if options.quick else [("50 MB", 50 * MB), ("500 MB", 500 * MB)]

@@ -118,7 +118,7 @@ def transfer(
 
 
 def run(options: BenchOptions) -> list[Case]:
-    from sidecar.demo.s3server import LocalS3
+    from local.s3server import LocalS3
 
     reps = options.repetitions(5, 3)
     file_size = 200 * MB if options.quick else 1000 * MB

@@ -1,9 +1,13 @@
-"""The ``jitckpt`` command: one argparse tree, each subcommand in its own module.
+"""The ``jitckpt`` command: one dispatch table, each subcommand in its own module.
+
+This module lives outside every part (``webhook``, ``sidecar``, ``local``) so
+that each image can carry it with only its own part: the sidecar image has no
+``webhook`` package and the webhook image no ``sidecar``. Only the chosen
+subcommand's module is imported, so ``jitckpt agent`` never imports the webhook
+(or FastAPI) and ``jitckpt inject`` never imports aiobotocore.
 
 Every command module exposes ``configure(parser)``, which adds its arguments
-and sets ``func`` (``args -> exit code``). Command modules import only the
-standard library at module level so that ``jitckpt agent`` never pays for
-FastAPI and ``jitckpt inject`` never pays for aiobotocore.
+and sets ``func`` (``args -> exit code``).
 """
 
 from __future__ import annotations
@@ -20,23 +24,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "webhook": ("webhook.serve_cmd", "the admission server and its certificates"),
     "agent": ("sidecar.agent_cmd", "run the checkpoint sidecar"),
     "ls": ("sidecar.ls_cmd", "list a job's checkpoints, valid or torn"),
-    "demo": ("sidecar.demo.cli", "preempt and resume a real training run, no cluster needed"),
+    "demo": ("local.demo.cli", "preempt and resume a real training run, no cluster needed"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported (none for ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="jitckpt", description="Just-in-time checkpointing for Kubeflow training jobs."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).configure(command)
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).configure(subparser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((arg for arg in args_list if not arg.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(args_list)
     code: int = args.func(args)
     return code
 

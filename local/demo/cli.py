@@ -60,9 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.demo.jobrun import JobError
-    from sidecar.demo.scenario import DemoOptions, run_demo
-    from sidecar.podrunner import SpecError
+    from local.demo.jobrun import JobError
+    from local.demo.scenario import DemoOptions, run_demo
+    from local.podrunner import SpecError
 
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:

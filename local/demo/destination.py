@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.demo.s3server import LocalS3
-from sidecar.podrunner import Node
+from local.podrunner import Node
+from local.s3server import LocalS3
 from sidecar.storage.base import Store
 from sidecar.uri import parse_job_root
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.demo.jobpods import JobSpec, job_pods
-from sidecar.demo.watch import StatusPoller
-from sidecar.podrunner import Node, Pod, PodEvent, PodResult
+from local.demo.jobpods import JobSpec, job_pods
+from local.demo.watch import StatusPoller
+from local.podrunner import Node, Pod, PodEvent, PodResult
 from webhook.config import WebhookConfig
 from webhook.mutate import MutationResult, NamespaceInfo, mutate
 

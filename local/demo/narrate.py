@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from sidecar.podrunner import PodEvent
+from local.podrunner import PodEvent
 
 PROGRESS_EVERY = 5  # steps between progress lines
 

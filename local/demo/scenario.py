@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from sidecar.demo.destination import Destination
-from sidecar.demo.jobpods import JobSpec
-from sidecar.demo.jobrun import AGENT, TRAINER, JobRun
-from sidecar.demo.narrate import Narrator
-from sidecar.demo.s3server import free_port
-from sidecar.demo.watch import CommitWatcher
-from sidecar.demo.weights import compare_files
-from sidecar.podrunner import Node, ObjectStore
+from local.demo.destination import Destination
+from local.demo.jobpods import JobSpec
+from local.demo.jobrun import AGENT, TRAINER, JobRun
+from local.demo.narrate import Narrator
+from local.demo.watch import CommitWatcher
+from local.demo.weights import compare_files
+from local.podrunner import Node, ObjectStore
+from local.s3server import free_port
 from webhook.config import WebhookConfig
 from webhook.injection import job_root
 from webhook.mutate import NamespaceInfo

@@ -6,8 +6,8 @@ off, so two runs with the same seed end with bitwise identical weights, also
 when one of them was stopped and resumed. It knows nothing about jitckpt: it
 is an ordinary user script, and under the shim it gets saved on SIGTERM.
 
-    python -m sidecar.demo.train_tiny --output-dir out --max-steps 20
-    torchrun --nproc-per-node 2 -m sidecar.demo.train_tiny --output-dir out
+    python -m local.demo.train_tiny --output-dir out --max-steps 20
+    torchrun --nproc-per-node 2 -m local.demo.train_tiny --output-dir out
 
 ``--final-weights PATH`` saves the final state dict after ``trainer.train()``
 returns (the "final model" line a JIT save must never reach); ``--hidden-size``

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from sidecar.podrunner.volumes import BindMount
+from local.podrunner.volumes import BindMount
 
 LAUNCHER = Path(__file__).with_name("launch.py")
 TERMINATION_MESSAGE_LIMIT = 4096  # the kubelet keeps at most 4096 bytes

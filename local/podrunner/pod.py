@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.podrunner.container import Container, ContainerStatus
-from sidecar.podrunner.node import Node
-from sidecar.podrunner.probes import run_startup_probe
-from sidecar.podrunner.spec import PodContext, container_argv, container_env
-from sidecar.podrunner.volumes import PodVolumes
+from local.podrunner.container import Container, ContainerStatus
+from local.podrunner.node import Node
+from local.podrunner.probes import run_startup_probe
+from local.podrunner.spec import PodContext, container_argv, container_env
+from local.podrunner.volumes import PodVolumes
 
 DEFAULT_GRACE_SECONDS = 30.0
 SIGTERM, SIGKILL = 15, 9

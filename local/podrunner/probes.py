@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.podrunner.container import Container
+from local.podrunner.container import Container
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.podrunner.spec import ObjectStore, PodContext, SpecError, field_value
+from local.podrunner.spec import ObjectStore, PodContext, SpecError, field_value
 
 SHM_ROOT = Path("/dev/shm")
 ROOT_CA_CONFIG_MAP = "kube-root-ca.crt"  # in every namespace of a cluster, with its CA

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo.s3server import LocalS3
-from sidecar.demo.scenario import DemoOptions, open_scenario, reference_run
+from local.demo.scenario import DemoOptions, open_scenario, reference_run
+from local.s3server import LocalS3
 from tests.e2e.support import SCRIPT, script_args
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from sidecar.demo.jobpods import JobSpec, job_pods
-from sidecar.demo.weights import compare_files
+from local.demo.jobpods import JobSpec, job_pods
+from local.demo.weights import compare_files
 from webhook.config import WebhookConfig
 from webhook.jobs import TrainerPod, detect
 from webhook.mutate import NamespaceInfo, mutate

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo.s3server import LocalS3
-from sidecar.demo.scenario import (
+from local.demo.scenario import (
     DemoOptions,
     Scenario,
     finish_first,
@@ -30,6 +29,7 @@ from sidecar.demo.scenario import (
     resumed_from,
     start_first,
 )
+from local.s3server import LocalS3
 from tests.support.faultproxy import FaultProxy
 
 PERIODIC = 5  # save-steps: the previous valid checkpoint the next run must fall back to

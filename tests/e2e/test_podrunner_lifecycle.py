@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.podrunner import Node, ObjectStore, Pod
+from local.podrunner import Node, ObjectStore, Pod
 
 
 def sh(name: str, script: str, **extra: Any) -> dict[str, Any]:

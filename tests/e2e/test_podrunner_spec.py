@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shim import layout
-from sidecar.podrunner.spec import (
+from local.podrunner.spec import (
     ObjectStore,
     PodContext,
     SpecError,
@@ -22,7 +21,8 @@ from sidecar.podrunner.spec import (
     container_env,
     expand,
 )
-from sidecar.podrunner.volumes import PodVolumes
+from local.podrunner.volumes import PodVolumes
+from shim import layout
 from webhook.config import WebhookConfig
 from webhook.mutate import NamespaceInfo, mutate
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo.scenario import DemoOptions, run_demo
+from local.demo.scenario import DemoOptions, run_demo
 from tests.e2e.support import MAX_STEPS, SCRIPT, script_args, start_listings
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo.s3server import LocalS3
+from local.s3server import LocalS3
 from tests.shim.support import Proc, ShimEnv, Spawn
 from tests.sidecar.agentproc import AgentProcess
 

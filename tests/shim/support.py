@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = REPO / "shim"
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-TRAIN_TINY = ["-m", "sidecar.demo.train_tiny"]
+TRAIN_TINY = ["-m", "local.demo.train_tiny"]
 
 # Variables of the developer's shell that would change what the shim does.
 _SCRUB = (

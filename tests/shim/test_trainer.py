@@ -128,7 +128,7 @@ SLOW_SAVE_SECONDS = 32  # more than torchrun's default 30 s
 SLOW_SAVE_SCRIPT = """
 import sys, time
 from transformers import Trainer
-from sidecar.demo import train_tiny
+from local.demo import train_tiny
 
 class SlowSaveTrainer(Trainer):
     def _save_checkpoint(self, model, trial):
@@ -206,7 +206,7 @@ def test_torchrun_worker_crash_keeps_torchruns_exit_status(
 OUTSIDE_TRAIN_SCRIPT = """
 import sys, time
 from transformers import Trainer, TrainingArguments
-from sidecar.demo import train_tiny
+from local.demo import train_tiny
 args = train_tiny.parse_args(["--output-dir", sys.argv[1]])
 trainer = Trainer(model=train_tiny.build_model(args),
                   args=TrainingArguments(output_dir=sys.argv[1], use_cpu=True, report_to="none"))
@@ -234,7 +234,7 @@ def handler(signum, frame):
     print("user handler ran", flush=True)
     sys.exit(5)
 signal.signal(signal.SIGTERM, handler)
-from sidecar.demo import train_tiny
+from local.demo import train_tiny
 sys.exit(train_tiny.main())
 """
 

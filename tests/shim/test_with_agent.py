@@ -12,7 +12,7 @@ from typing import Any
 import boto3
 import pytest
 
-from sidecar.demo.s3server import LocalS3
+from local.s3server import LocalS3
 from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps, jit_lines
 from tests.sidecar.agentproc import AgentProcess
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from local.s3server import free_port
 from shim import layout
-from sidecar.demo.s3server import free_port
 
 JITCKPT = str(Path(sys.executable).parent / "jitckpt")
 

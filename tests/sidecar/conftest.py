@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from local.s3server import LocalS3
 from sidecar.config import AgentConfig
-from sidecar.demo.s3server import LocalS3
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from local.s3server import LocalS3
 from shim import protocol
 from sidecar.config import AgentConfig
-from sidecar.demo.s3server import LocalS3
 from sidecar.storage.factory import open_store
 from sidecar.validity import CheckpointState, scan
 from tests.sidecar.agentproc import AgentProcess

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from local.s3server import LocalS3
 from shim import protocol
 from sidecar.config import AgentConfig
-from sidecar.demo.s3server import LocalS3
 from sidecar.storage.factory import open_store
 from sidecar.validity import scan
 from tests.shim.support import PYTHON, REPO, TRAIN_TINY, ShimEnv

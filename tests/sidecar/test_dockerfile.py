@@ -120,7 +120,7 @@ def test_installed_packages_cover_what_the_agent_imports() -> None:
     # The sidecar runs shim/layout.py and shim/protocol.py; the rest of the shim runs in the
     # trainer's Python (with the trainer's torch), which the sidecar only copies.
     shared = [ROOT / "shim" / name for name in ("__init__.py", "layout.py", "protocol.py")]
-    sources = [ROOT / "webhook" / "cli.py", *shared]
+    sources = [ROOT / "jitckpt" / "cli.py", *shared]
     for path in (ROOT / "sidecar").rglob("*.py"):
         if not {"demo", "podrunner"} & set(path.relative_to(ROOT).parts):
             sources.append(path)
@@ -128,7 +128,9 @@ def test_installed_packages_cover_what_the_agent_imports() -> None:
     owners = md.packages_distributions()
     allowed = _closure(_pip_packages())
     missing = {}
-    for module in sorted(modules - {"webhook", "sidecar", "shim"} - set(sys.stdlib_module_names)):
+    for module in sorted(
+        modules - {"jitckpt", "webhook", "sidecar", "shim", "local"} - set(sys.stdlib_module_names)
+    ):
         dists = {d.lower().replace("_", "-") for d in owners.get(module, [])}
         if not dists & allowed:
             missing[module] = sorted(dists)
@@ -157,7 +159,7 @@ def _top_level_imports(module: str) -> set[str]:
                 names = [node.module]
             for imported in names:
                 top = imported.split(".")[0]
-                if top in ("webhook", "sidecar", "shim"):
+                if top in ("jitckpt", "webhook", "sidecar", "shim", "local"):
                     todo.append(imported)
                 else:
                     found.add(top)
@@ -167,7 +169,7 @@ def _top_level_imports(module: str) -> set[str]:
 def test_every_jitckpt_command_loads_in_the_sidecar_image() -> None:
     """``jitckpt`` builds all subcommand parsers at start: none may need a package the
     sidecar image lacks just to be imported."""
-    from webhook.cli import COMMANDS
+    from jitckpt.cli import COMMANDS
 
     allowed = _closure(_pip_packages())
     owners = md.packages_distributions()

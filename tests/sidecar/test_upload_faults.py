@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from local.s3server import LocalS3
 from sidecar.config import AgentConfig
-from sidecar.demo.s3server import LocalS3
 from sidecar.restore import restore
 from sidecar.storage.factory import open_store
 from sidecar.validity import scan

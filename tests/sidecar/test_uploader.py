@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from local.s3server import LocalS3
 from shim import protocol
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
-from sidecar.demo.s3server import LocalS3
 from sidecar.metrics import Metrics
 from sidecar.staging import StagedJob, accept, make_shared_dir
 from sidecar.storage.factory import open_store

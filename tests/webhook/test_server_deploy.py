@@ -21,8 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from jitckpt.cli import build_parser
 from tests.webhook.server_support import REPO
-from webhook.cli import build_parser
 from webhook.config import load_config
 
 DEPLOY = REPO / "deploy"
@@ -213,7 +213,7 @@ def test_deployment_is_restricted_and_its_args_parse(rendered: Rendered) -> None
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert container[probe]["httpGet"]["scheme"] == "HTTPS"
     assert container["command"] == ["jitckpt"]
-    args = build_parser().parse_args(container["args"])
+    args = build_parser(container["args"][0]).parse_args(container["args"])
     assert args.func.__name__ == "run_serve"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert str(args.cert_dir) == mounts["certs"]
@@ -262,7 +262,7 @@ def test_rbac_is_least_privilege(rendered: Rendered) -> None:
     if not any("--self-signed" in a for a in _args(rendered)):
         assert granted == base
         return
-    args = build_parser().parse_args(_args(rendered))
+    args = build_parser(_args(rendered)[0]).parse_args(_args(rendered))
     mwc = rendered.one("MutatingWebhookConfiguration")["metadata"]["name"]
     assert args.webhook_config_name == mwc
     hooks = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from sidecar.demo.train_tiny import main
+from local.demo.train_tiny import main
 
 LISTING_PREFIX = "start listing: "
 
