@@ -55,7 +55,7 @@ class AccessError(RuntimeError):
 async def verify_access(store: Store, config: AgentConfig) -> None:
     """List, write and delete a tiny object, so a wrong bucket or Secret fails before training."""
     root = parse_job_root(config.destination, config.pvc_mount)
-    if config.destination.startswith("pvc://") and not config.pvc_mount.is_dir():
+    if root.claim and not config.pvc_mount.is_dir():
         raise AccessError(f"the claim of {config.destination} is not mounted at {config.pvc_mount}")
     key = f"{PROBE_PREFIX}{config.pod_name or 'pod'}-{uuid.uuid4().hex[:8]}"
     step = "list"

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jitckpt import destination as grammar
 from shim import layout
 from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
 from webhook.jobs import TrainerPod
-from webhook.settings import STATUS_KEY, split_destination
+from webhook.settings import STATUS_KEY
 from webhook.status import (
     AGENT,
     RESTORE,
@@ -66,7 +67,7 @@ class Injected:
 
 def job_root(destination: str, namespace: str, job: str) -> str:
     """``<destination>/<namespace>/<job>``: one namespace-wide destination serves every job."""
-    return f"{destination.rstrip('/')}/{namespace}/{job}"
+    return grammar.parse(destination).join(namespace, job).uri
 
 
 def shutdown_timeout(grace: int) -> int:
@@ -290,8 +291,8 @@ def build(
     out = {**pod, "metadata": {**pod["metadata"]}, "spec": spec}
     warnings = list(trainer.notes)
     mode = values["sidecar-mode"]
-    scheme, claim, _ = split_destination(values["destination"])
-    pvc_claim = claim if scheme == "pvc" else None
+    destination = grammar.parse(values["destination"])
+    pvc_claim = destination.name if destination.scheme == grammar.PVC else None
     secret = values.get("s3-secret")
     if secret is not None and pvc_claim is not None:
         warnings.append(f"s3-secret {secret!r} is not given to the sidecar of a pvc:// destination")

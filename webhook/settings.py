@@ -11,11 +11,13 @@ file's ``defaults:``) < namespace annotation < pod annotation.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+
+from jitckpt import destination as grammar
+from jitckpt.destination import is_dns1123_subdomain
 
 PREFIX = "jitckpt.io/"
 INJECTION_LABEL = PREFIX + "injection"  # namespace label; "enabled" opts the namespace in
@@ -72,11 +74,6 @@ class Resolution:
 
 # --- value rules -----------------------------------------------------------
 
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_PATH_SEGMENT_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
 # Kubernetes resource.Quantity: a signed decimal number and an optional suffix.
 _QUANTITY = re.compile(
     r"^(?P<number>[+-]?(\d+(\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
@@ -87,54 +84,6 @@ BOOLEANS = ("true", "false")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 SIDECAR_MODES = ("native", "legacy")
 INT32_MAX = 2**31 - 1
-
-
-def is_dns1123_subdomain(value: str) -> bool:
-    """Names of Secrets and PersistentVolumeClaims."""
-    return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.match(value))
-
-
-def is_bucket_name(value: str) -> bool:
-    """S3 general-purpose bucket naming rules (the ones a typo can break)."""
-    if not _BUCKET.match(value) or ".." in value or ".-" in value or "-." in value:
-        return False
-    if value.startswith(("xn--", "sthree-")) or value.endswith(("-s3alias", "--ol-s3")):
-        return False
-    try:
-        ipaddress.IPv4Address(value)
-    except ValueError:
-        return True
-    return False
-
-
-def is_relative_path(value: str) -> bool:
-    """A key prefix or sub-path: relative, no empty, '.' or '..' segment, no control bytes."""
-    if value == "":
-        return True
-    if value.startswith("/"):
-        return False
-    segments = value.rstrip("/").split("/")
-    return all(
-        seg not in ("", ".", "..") and not _PATH_SEGMENT_FORBIDDEN.search(seg) for seg in segments
-    )
-
-
-def split_destination(value: str) -> tuple[str, str, str]:
-    """``scheme://name/path`` -> (scheme, bucket or claim, path as written)."""
-    scheme, sep, rest = value.partition("://")
-    if not sep:
-        return "", "", ""
-    name, _, path = rest.partition("/")
-    return scheme, name, path
-
-
-def is_destination(value: str) -> bool:
-    scheme, name, path = split_destination(value)
-    if scheme == "s3":
-        return is_bucket_name(name) and is_relative_path(path)
-    if scheme == "pvc":
-        return is_dns1123_subdomain(name) and is_relative_path(path)
-    return False
 
 
 def parse_quantity(value: str) -> Decimal | None:
@@ -178,11 +127,8 @@ _SETTINGS = (
     Setting(
         "destination",
         None,
-        "must be s3://<bucket>[/<prefix>] with a valid S3 bucket name (3-63 lowercase "
-        "letters, digits, dots, hyphens; starts and ends with a letter or digit; not an IP "
-        "address) or pvc://<claim>[/<path>] with a DNS-1123 claim name; the prefix or path "
-        "must be relative with no empty, '.' or '..' segment",
-        is_destination,
+        grammar.RULE,
+        grammar.is_destination,
         "where checkpoints go; the job root is <destination>/<namespace>/<job>",
     ),
     Setting(

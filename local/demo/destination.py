@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jitckpt import destination as grammar
 from local.podrunner import Node
 from local.s3server import LocalS3
 from sidecar.storage.base import Store
@@ -44,16 +45,15 @@ class Destination:
 
     @classmethod
     def from_uri(cls, uri: str) -> Destination:
-        if uri.startswith("pvc://"):
+        """``uri`` checked by the destination grammar (``DestinationError`` is a ValueError)."""
+        if grammar.parse(uri).scheme == grammar.PVC:
             return cls(uri)
-        if not uri.startswith("s3://"):
-            raise ValueError(f"{uri}: the demo takes s3:// or pvc:// destinations")
         secret = {k: os.environ[k] for k in CREDENTIAL_KEYS + ENDPOINT_KEYS if k in os.environ}
         return cls(uri, secret)
 
     @property
     def is_pvc(self) -> bool:
-        return self.uri.startswith("pvc://")
+        return grammar.parse(self.uri).scheme == grammar.PVC
 
     @property
     def description(self) -> str:
@@ -77,7 +77,7 @@ class Destination:
         if self.is_pvc:
             from sidecar.storage.pvc import DirectoryStore
 
-            claim = self.uri[len("pvc://") :].split("/", 1)[0]
+            claim = grammar.parse(self.uri).name
             root = parse_job_root(job_root, node.claim_path(claim))
             assert root.path is not None
             return DirectoryStore(root.path, root.uri)

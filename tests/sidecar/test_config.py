@@ -54,10 +54,10 @@ def test_defaults_are_the_layout_ones() -> None:
     "env",
     [
         {},
-        {layout.ENV_DESTINATION: "s3://b/p", layout.ENV_RESUME: "maybe"},
-        {layout.ENV_DESTINATION: "s3://b/p", layout.ENV_NNODES: "0"},
-        {layout.ENV_DESTINATION: "s3://b/p", layout.ENV_MODE: "sidecar"},
-        {layout.ENV_DESTINATION: "s3://b/p", "JITCKPT_PART_SIZE": "1024"},
+        {layout.ENV_DESTINATION: "s3://bkt/p", layout.ENV_RESUME: "maybe"},
+        {layout.ENV_DESTINATION: "s3://bkt/p", layout.ENV_NNODES: "0"},
+        {layout.ENV_DESTINATION: "s3://bkt/p", layout.ENV_MODE: "sidecar"},
+        {layout.ENV_DESTINATION: "s3://bkt/p", "JITCKPT_PART_SIZE": "1024"},
     ],
 )
 def test_invalid_settings_are_refused(env: dict[str, str]) -> None:
@@ -77,7 +77,7 @@ def test_job_roots() -> None:
     assert (pvc.scheme, pvc.path) == ("file", Path("/mnt/c/ckpt/ns-a/job-1"))
     assert parse_job_root("/data/job", Path("/m")).path == Path("/data/job")
     assert s3.child_uri("checkpoint-5") == "s3://bkt/team/ns-a/job-1/checkpoint-5"
-    for bad in ("s3://", "s3://b/../x", "pvc:///x", "gs://b/x", ""):
+    for bad in ("s3://", "s3://bkt/../x", "pvc:///x", "gs://b/x", ""):
         with pytest.raises(DestinationError):
             parse_job_root(bad, Path("/m"))
 
@@ -104,16 +104,18 @@ def test_agent_refuses_bad_settings_with_exit_2(destination: str, expected: str)
 def test_downloads_have_their_own_range_size_and_concurrency() -> None:
     from sidecar import config as cfg
 
-    defaults = AgentConfig.from_env({layout.ENV_DESTINATION: "s3://b/p"})
+    defaults = AgentConfig.from_env({layout.ENV_DESTINATION: "s3://bkt/p"})
     assert (defaults.download_range_size, defaults.download_concurrency) == (64 << 20, 8)
     assert (defaults.part_size, defaults.concurrency) == (16 << 20, 4)
     tuned = AgentConfig.from_env(
         {
-            layout.ENV_DESTINATION: "s3://b/p",
+            layout.ENV_DESTINATION: "s3://bkt/p",
             cfg.ENV_DOWNLOAD_RANGE_SIZE: str(32 << 20),
             cfg.ENV_DOWNLOAD_CONCURRENCY: "16",
         }
     )
     assert (tuned.download_range_size, tuned.download_concurrency) == (32 << 20, 16)
     with pytest.raises(ValidationError):
-        AgentConfig.from_env({layout.ENV_DESTINATION: "s3://b/p", cfg.ENV_DOWNLOAD_RANGE_SIZE: "1"})
+        AgentConfig.from_env(
+            {layout.ENV_DESTINATION: "s3://bkt/p", cfg.ENV_DOWNLOAD_RANGE_SIZE: "1"}
+        )
