@@ -225,11 +225,22 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in _SETTINGS}
 RESERVED_KEYS = (INJECT_KEY, STATUS_KEY, INJECTION_LABEL)
 
 
+# Applies to every setting before its own rule: each value ends up in an env
+# var of the sidecar or the trainer, where the kubelet expands $(VAR) (the
+# sidecar's env holds the S3 Secret, so a value could copy it into keys, logs
+# and /status).
+NO_ENV_EXPANSION_RULE = (
+    f"must not contain '{grammar.ENV_EXPANSION}' (the kubelet expands $(VAR) in env values)"
+)
+
+
 def validate_value(name: str, value: str, source: str) -> SettingError | None:
     """The error for ``value`` of setting ``name``, or None when it is valid."""
     setting = SETTINGS.get(name)
     if setting is None:
         return SettingError(PREFIX + name, value, "no such setting", source)
+    if grammar.ENV_EXPANSION in value:
+        return SettingError(setting.key, value, NO_ENV_EXPANSION_RULE, source)
     if setting.check(value):
         return None
     return SettingError(setting.key, value, setting.rule, source)

@@ -161,3 +161,22 @@ def test_load_config_rejects_bad_files(tmp_path: Path, text: str, needle: str) -
         load_config(path)
     assert needle in str(info.value)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(settings.SETTINGS))
+@pytest.mark.parametrize(
+    "value", ["$(AWS_SECRET_ACCESS_KEY)", "s3://ml-checkpoints/$(HOME)", "1$("]
+)
+def test_no_setting_may_carry_an_env_expansion(name: str, value: str) -> None:
+    """The kubelet expands $(VAR) in env values: every value that could reach env is refused."""
+    error = settings.validate_value(name, value, "pod annotation")
+    assert error is not None
+    assert error.rule == settings.NO_ENV_EXPANSION_RULE
+    assert error.key == settings.PREFIX + name
+
+
+def test_env_expansion_in_cluster_defaults_stops_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("defaults:\n  destination: s3://ml-checkpoints/$(AWS_SECRET_ACCESS_KEY)\n")
+    with pytest.raises(ConfigError, match=r"must not contain '\$\('"):
+        load_config(path)
