@@ -7,9 +7,6 @@ from typing import List, Optional, Tuple
 
 from .layout import CHECKPOINT_PREFIX
 
-# HF's Trainer writes this file after the weights, optimizer and RNG states.
-HF_STATE_FILE = "trainer_state.json"
-
 
 def step_of(name: str) -> Optional[int]:
     """The step of a ``checkpoint-<step>`` name, or None for anything else."""
@@ -34,9 +31,13 @@ def list_checkpoints(directory: str) -> List[Tuple[int, str]]:
     return found
 
 
-def newest_hf_checkpoint(directory: str) -> Optional[Tuple[int, str]]:
-    """The newest checkpoint HF finished writing (its trainer state is there)."""
+def newest_checkpoint(directory: str, marker: str) -> Optional[Tuple[int, str]]:
+    """The newest checkpoint a framework finished writing: its ``marker`` file is there.
+
+    Each framework writes one file last (HF its ``trainer_state.json``); a
+    directory without it was cut short and is never resumed from.
+    """
     for step, path in reversed(list_checkpoints(directory)):
-        if os.path.isfile(os.path.join(path, HF_STATE_FILE)):
+        if os.path.isfile(os.path.join(path, marker)):
             return step, path
     return None

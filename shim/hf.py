@@ -20,29 +20,28 @@ gets no integration and one message, and trains as if the shim were absent.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import os
 import sys
 from types import ModuleType
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
-from . import dist, pids, watcher
-from .checkpoints import newest_hf_checkpoint
+from . import watcher
 from .config import ShimConfig
-from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE
-from .log import failed, say, say_once
-from .protocol import KIND_FINAL, KIND_JIT, KIND_PERIODIC, OP_STAGED
-from .session import STAGED_TIMEOUT, ProcessSession
-from .session import get as get_session
+from .layout import CHECKPOINT_PREFIX
+from .log import failed, say_once
+from .protocol import KIND_FINAL, KIND_JIT, KIND_PERIODIC
 from .signals import FLAG
-from .staging import stage
+from .trainrun import TrainingRun
 
 # What this integration cannot do without; anything else is optional.
 REQUIRED_TRAINER = ("__init__", "train", "add_callback")
 REQUIRED_CALLBACK = ("on_step_end", "on_save")
 ATTRIBUTE = "_jitckpt"
+FRAMEWORK = "transformers"
+# HF's Trainer writes this file into a checkpoint after the weights, optimizer and RNG states.
+HF_STATE_FILE = "trainer_state.json"
 
 
 def missing_features(module: ModuleType) -> List[str]:
@@ -64,14 +63,13 @@ def missing_features(module: ModuleType) -> List[str]:
 
 
 class TrainerSession:
-    """The shim's state for one Trainer."""
+    """The shim's state for one Trainer: where its checkpoints go, and its training run."""
 
-    def __init__(self, trainer: Any, config: ShimConfig, process: ProcessSession) -> None:
+    def __init__(self, trainer: Any, config: ShimConfig) -> None:
         self.trainer = trainer
         self.config = config
-        self.process = process
+        self.run = TrainingRun(config, FRAMEWORK, HF_STATE_FILE)
         self.original_output_dir: Optional[str] = getattr(trainer.args, "output_dir", None)
-        self.jit_step: Optional[int] = None
 
     # -- where checkpoints go -------------------------------------------------
     def redirect(self, run_dir: str) -> str:
@@ -92,97 +90,29 @@ class TrainerSession:
         return os.path.join(run_dir or ".", "%s%d" % (CHECKPOINT_PREFIX, step))
 
     # -- resume ---------------------------------------------------------------
-    def _candidate(self) -> Optional[int]:
-        restored = self.process.restored
-        if restored is not None:
-            path = restored.get("path")
-            if isinstance(path, str) and os.path.isdir(path):
-                try:
-                    return int(restored.get("step", -1))
-                except (TypeError, ValueError):
-                    pass
-        newest = newest_hf_checkpoint(self.config.checkpoints_dir)
-        return newest[0] if newest is not None else None
-
     def resume_argument(self, requested: Any) -> Any:
         """What ``train()`` gets for ``resume_from_checkpoint``: the user's choice, or ours."""
         if requested is not None and requested is not True:
             return requested  # an explicit path, or False: the user decided
-        mine = self._candidate()
-        step = dist.all_reduce_int(-1 if mine is None else mine, maximum=False)
-        if step < 0:
-            return requested
-        path = os.path.join(self.config.checkpoints_dir, "%s%d" % (CHECKPOINT_PREFIX, step))
-        have = 1 if os.path.isdir(path) else 0
-        if dist.all_reduce_int(have, maximum=False) == 0:
-            say_once("resume-missing", "not every rank has %s: starting without it" % path)
-            return requested
-        say("resuming from %s" % path)
-        return path
+        step = self.run.resume_step()
+        return requested if step is None else self.run.checkpoint_path(step)
 
     # -- the step boundary ----------------------------------------------------
-    def stop_agreed(self) -> bool:
-        """Whether any rank got SIGTERM (all ranks call this at the same step)."""
-        return dist.all_reduce_int(1 if FLAG.raised else 0, maximum=True) > 0
+    def position(self) -> Tuple[int, int, float]:
+        state = self.trainer.state
+        return int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
 
     def after_save(self, step: int, max_steps: int) -> None:
         """HF wrote ``checkpoint-<step>`` on every rank: stage it, and leave after a JIT save."""
-        if self.jit_step == step:
+        if self.run.jit_step == step:
             kind = KIND_JIT
         elif max_steps > 0 and step >= max_steps:
             kind = KIND_FINAL
         else:
             kind = KIND_PERIODIC
-        dist.barrier()  # every rank has finished writing its files
-        if dist.ranks()["local_rank"] == 0:
-            self._stage(step, kind)
+        self.run.stage(self.checkpoint_dir(step), step, kind)
         if kind == KIND_JIT:
-            dist.barrier()  # the sidecar owns the files before any rank leaves
-            self.exit_after_jit()
-
-    def _stage(self, step: int, kind: str) -> None:
-        link = self.process.link
-        if not link.present():
-            return
-        source = self.checkpoint_dir(step)
-        try:
-            staged = stage(source, self.config.staging_dir, step, kind)
-        except OSError as exc:
-            failed("staging %s" % source, exc)
-            return
-        answer = link.call(
-            OP_STAGED,
-            timeout=STAGED_TIMEOUT,
-            step=staged.step,
-            kind=staged.kind,
-            dir=staged.dir,
-            files=staged.files,
-        )
-        if answer and answer.get("ok"):
-            say("%s checkpoint-%d handed to the sidecar" % (kind, step))
-
-    def final_progress(self) -> None:
-        """Tell the sidecar the step training ended at (the periodic reports may lag a step)."""
-        state = self.trainer.state
-        self.process.link.final_progress(
-            int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
-        )
-
-    def exit_after_jit(self) -> None:
-        """Leave with 143 without returning into the user's code (no "final" save of a cut run)."""
-        say("JIT checkpoint-%s saved; exiting with %d" % (self.jit_step, JIT_EXIT_CODE))
-        try:
-            self.final_progress()
-        except Exception as exc:
-            failed("the last progress report", exc)
-        self.process.bye(JIT_EXIT_CODE)
-        FLAG.run_previous()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed stream must not keep us alive
-                stream.flush()
-        pids.unregister()
-        # os._exit: no atexit, no process-group teardown that could wait on other ranks.
-        os._exit(JIT_EXIT_CODE)
+            self.run.exit_after_jit(*self.position())
 
 
 def _make_callback(base: type) -> type:
@@ -195,28 +125,19 @@ def _make_callback(base: type) -> type:
             self._session = session
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            session = self._session
             try:
-                session.process.link.progress(
-                    int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
-                )
-                stop = session.config.jit and session.jit_step is None and session.stop_agreed()
+                stop = self._session.run.at_step_end(*self._session.position())
             except Exception as exc:
                 failed("SIGTERM agreement at the step end", exc)
                 return control
             if stop:
-                session.jit_step = int(state.global_step)
-                say("stopping at step %d for a JIT checkpoint" % session.jit_step)
                 control.should_save = True
                 control.should_training_stop = True
                 control.should_evaluate = False
             return control
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            try:
-                self._session.final_progress()
-            except Exception as exc:
-                failed("the last progress report", exc)
+            self._session.run.final_progress(*self._session.position())
             return control
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -233,8 +154,7 @@ def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
     if getattr(trainer, ATTRIBUTE, None) is not None:
         return
     watcher.stop()
-    process = get_session(config)
-    session = TrainerSession(trainer, config, process)
+    session = TrainerSession(trainer, config)
     setattr(trainer, ATTRIBUTE, session)
     _apply_periodic(trainer.args, config)
     if hasattr(trainer, "_get_output_dir"):
@@ -248,9 +168,7 @@ def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
             "output-dir", "this Trainer has no _get_output_dir: checkpoints stay in output_dir"
         )
     trainer.add_callback(callback_type(session))
-    process.hello("transformers")
-    if config.jit:
-        FLAG.install(lambda: process.link.sigterm(int(trainer.state.global_step)))
+    session.run.start(lambda: int(trainer.state.global_step))
 
 
 def _apply_periodic(args: Any, config: ShimConfig) -> None:
@@ -324,13 +242,15 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                 failed("resume", exc)
             FLAG.armed = config.jit
             try:
-                return original(self, *args, **kwargs)
+                result = original(self, *args, **kwargs)
             finally:
                 FLAG.armed = False
-                if FLAG.raised and session.jit_step is None:
+                if FLAG.raised and session.run.jit_step is None:
                     # SIGTERM came after the last step boundary: act as if it came now.
                     FLAG.raised = False
                     FLAG.deliver_as_before()
+            session.run.capture_final_weights(getattr(self, "model", None))
+            return result
 
         return train
 

@@ -35,6 +35,11 @@ ENV_SAVE_STRATEGY = "JITCKPT_SAVE_STRATEGY"
 ENV_SAVE_STEPS = "JITCKPT_SAVE_STEPS"
 ENV_SAVE_TOTAL_LIMIT = "JITCKPT_SAVE_TOTAL_LIMIT"
 ENV_TORCH_SHUTDOWN = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+# Set only in the pods `jitckpt demo` generates, never by the webhook: hold at this
+# step until SIGTERM arrives (the demo preempts at an exact step), and write the
+# trained model's weights to this file at the normal end (for `--compare`).
+ENV_DEMO_HOLD_AT_STEP = "JITCKPT_DEMO_HOLD_AT_STEP"
+ENV_DEMO_FINAL_WEIGHTS = "JITCKPT_DEMO_FINAL_WEIGHTS"
 
 # Sidecar container environment (set by the webhook, read by the sidecar).
 ENV_DESTINATION = "JITCKPT_DESTINATION"  # the job's root: <destination>/<namespace>/<job>

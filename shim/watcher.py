@@ -19,10 +19,9 @@ from typing import Dict, List, Set, Tuple
 from .channel import SidecarLink
 from .checkpoints import list_checkpoints
 from .config import ShimConfig
-from .log import failed, say
-from .protocol import KIND_PERIODIC, OP_STAGED
-from .session import STAGED_TIMEOUT
-from .staging import stage
+from .log import failed
+from .protocol import KIND_PERIODIC
+from .trainrun import hand_over
 
 POLL_SECONDS = 5.0
 
@@ -57,23 +56,7 @@ class CheckpointWatcher:
                 self._stage(step, path)
 
     def _stage(self, step: int, path: str) -> None:
-        if not self.link.present():
-            return
-        try:
-            staged = stage(path, self.config.staging_dir, step, KIND_PERIODIC)
-        except OSError as exc:
-            failed("staging %s" % path, exc)
-            return
-        answer = self.link.call(
-            OP_STAGED,
-            timeout=STAGED_TIMEOUT,
-            step=step,
-            kind=staged.kind,
-            dir=staged.dir,
-            files=staged.files,
-        )
-        if answer and answer.get("ok"):
-            say("checkpoint-%d handed to the sidecar" % step)
+        hand_over(self.link, path, self.config.staging_dir, step, KIND_PERIODIC)
 
     def close(self) -> None:
         """Stop for good (waits for a poll in progress)."""

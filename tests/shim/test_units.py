@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from shim import hooks, launcher, log
-from shim.checkpoints import newest_hf_checkpoint
+from shim.checkpoints import newest_checkpoint
 from shim.config import from_env
 from shim.staging import stage
 
@@ -86,15 +86,15 @@ def test_staged_links_survive_hf_rotation(tmp_path: Path) -> None:
     assert root.parent == tmp_path / "staging"
 
 
-def test_newest_hf_checkpoint_skips_unfinished(tmp_path: Path) -> None:
+def test_newest_checkpoint_skips_unfinished(tmp_path: Path) -> None:
     for step, finished in ((5, True), (10, True), (15, False)):
         path = tmp_path / f"checkpoint-{step}"
         path.mkdir()
         if finished:
             (path / "trainer_state.json").write_text("{}")
     (tmp_path / "checkpoint-x").mkdir()
-    assert newest_hf_checkpoint(str(tmp_path)) == (10, str(tmp_path / "checkpoint-10"))
-    assert newest_hf_checkpoint(str(tmp_path / "missing")) is None
+    assert newest_checkpoint(str(tmp_path), "trainer_state.json") == (10, str(tmp_path / "checkpoint-10"))
+    assert newest_checkpoint(str(tmp_path / "missing"), "trainer_state.json") is None
 
 
 def test_config_from_env_is_forgiving(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,234 @@
+"""What every framework integration shares: one training run's side of the contract.
+
+A framework module (``hf``, and the others beside it) knows where its loop's
+step boundary is, how the framework saves and how it resumes. Everything
+else is the same for all of them and lives here, so that they cannot drift
+apart:
+
+- the resume step, agreed by every rank (MIN of what each can resume from);
+- the stop flag, agreed by every rank at the step boundary (MAX), so every
+  rank of every node stops at the same step even when one pod got SIGTERM;
+- progress reports, and the final one at the end of training;
+- staging a written ``checkpoint-<step>`` for the sidecar (local rank 0, once
+  every local rank has written), and the exit with 143 after a JIT save,
+  without returning into the user's code;
+- two things only ``jitckpt demo`` asks for, through env vars its generated
+  pods alone carry: hold at step K until the SIGTERM arrives (so the demo
+  preempts at K however fast the script trains), and write the trained
+  model's weights at the normal end of training (so ``--compare`` needs
+  nothing from the script). Neither changes what is saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+from . import dist, pids
+from .channel import SidecarLink
+from .checkpoints import newest_checkpoint
+from .config import ShimConfig
+from .layout import CHECKPOINT_PREFIX, ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
+from .log import failed, say, say_once
+from .protocol import KIND_JIT, OP_STAGED
+from .session import STAGED_TIMEOUT, ProcessSession
+from .session import get as get_session
+from .signals import FLAG
+from .staging import stage
+
+# How often the ranks holding at the demo's step ask each other whether SIGTERM came.
+HOLD_POLL_SECONDS = 0.05
+# A demo that never sends the SIGTERM must not hang the run: train on after this.
+HOLD_TIMEOUT_SECONDS = 300.0
+# Values of the hold agreement (all-reduce MAX): nothing yet, give up, SIGTERM came.
+_HOLD_WAIT, _HOLD_GIVE_UP, _HOLD_STOP = 0, 1, 2
+
+
+def hand_over(
+    link: SidecarLink, source: str, staging_root: str, step: int, kind: str
+) -> Optional[str]:
+    """Hard-link ``source`` into staging and tell the sidecar; the staged id, or None."""
+    if not link.present():
+        return None
+    try:
+        staged = stage(source, staging_root, step, kind)
+    except OSError as exc:
+        failed("staging %s" % source, exc)
+        return None
+    answer = link.call(
+        OP_STAGED,
+        timeout=STAGED_TIMEOUT,
+        step=staged.step,
+        kind=staged.kind,
+        dir=staged.dir,
+        files=staged.files,
+    )
+    if not (answer and answer.get("ok")):
+        return None
+    say("%s checkpoint-%d handed to the sidecar" % (kind, step))
+    staged_id = answer.get("id")
+    return staged_id if isinstance(staged_id, str) else ""
+
+
+def _env_int(name: str) -> Optional[int]:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        say_once("env:" + name, "ignoring %s=%r: not an integer" % (name, raw))
+        return None
+
+
+class TrainingRun:
+    """The framework-neutral state of one training run in this process."""
+
+    def __init__(self, config: ShimConfig, framework: str, marker: str) -> None:
+        self.config = config
+        self.framework = framework
+        self.marker = marker  # the file the framework writes last into a checkpoint
+        self.process: ProcessSession = get_session(config)
+        self.jit_step: Optional[int] = None
+        self.hold_at_step = _env_int(ENV_DEMO_HOLD_AT_STEP)
+        self._held = False
+
+    # -- start ----------------------------------------------------------------
+    def start(self, current_step: Callable[[], int]) -> None:
+        """Say hello to the sidecar and turn SIGTERM into a flag (when JIT is on)."""
+        self.process.hello(self.framework)
+        if self.config.jit:
+            FLAG.install(lambda: self.process.link.sigterm(current_step()))
+
+    def checkpoint_path(self, step: int) -> str:
+        """Where the sidecar restores ``checkpoint-<step>`` (and where frameworks save)."""
+        return os.path.join(self.config.checkpoints_dir, "%s%d" % (CHECKPOINT_PREFIX, step))
+
+    # -- resume ---------------------------------------------------------------
+    def _candidate(self) -> Optional[int]:
+        restored = self.process.restored
+        if restored is not None:
+            path = restored.get("path")
+            if isinstance(path, str) and os.path.isdir(path):
+                try:
+                    return int(restored.get("step", -1))
+                except (TypeError, ValueError):
+                    pass
+        newest = newest_checkpoint(self.config.checkpoints_dir, self.marker)
+        return newest[0] if newest is not None else None
+
+    def resume_step(self) -> Optional[int]:
+        """The step every rank resumes from (None: start fresh). Collective: all ranks call it."""
+        mine = self._candidate()
+        step = dist.all_reduce_int(-1 if mine is None else mine, maximum=False)
+        if step < 0:
+            return None
+        path = self.checkpoint_path(step)
+        have = 1 if os.path.isdir(path) else 0
+        if dist.all_reduce_int(have, maximum=False) == 0:
+            say_once("resume-missing", "not every rank has %s: starting without it" % path)
+            return None
+        say("resuming from %s" % path)
+        return step
+
+    # -- the step boundary ----------------------------------------------------
+    def stop_agreed(self) -> bool:
+        """Whether any rank got SIGTERM (all ranks call this at the same step)."""
+        return dist.all_reduce_int(1 if FLAG.raised else 0, maximum=True) > 0
+
+    def at_step_end(self, step: int, max_steps: int, epoch: float) -> bool:
+        """Report progress and agree on the stop; True when every rank stops at ``step``.
+
+        Collective: every rank calls it after every optimizer step. Sets
+        ``jit_step`` when the answer is True.
+        """
+        if self.jit_step is not None or not self.config.jit:
+            self.process.link.progress(step, max_steps, epoch)
+            return False
+        if self.hold_at_step is not None and step >= self.hold_at_step and not self._held:
+            self._held = True
+            self.process.link.final_progress(step, max_steps, epoch)
+            stop = self._hold(step)
+        else:
+            self.process.link.progress(step, max_steps, epoch)
+            stop = self.stop_agreed()
+        if stop:
+            self.jit_step = step
+            say("stopping at step %d for a JIT checkpoint" % step)
+        return stop
+
+    def _hold(self, step: int) -> bool:
+        """Demo only: wait at ``step`` until some rank got SIGTERM (every rank in lockstep)."""
+        say("holding at step %d until the demo's SIGTERM arrives" % step)
+        deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
+        while True:
+            if FLAG.raised:
+                mine = _HOLD_STOP
+            elif time.monotonic() > deadline:
+                mine = _HOLD_GIVE_UP
+            else:
+                mine = _HOLD_WAIT
+            agreed = dist.all_reduce_int(mine, maximum=True)
+            if agreed == _HOLD_STOP:
+                return True
+            if agreed == _HOLD_GIVE_UP:
+                say("no SIGTERM came while holding at step %d: training on" % step)
+                return False
+            time.sleep(HOLD_POLL_SECONDS)
+
+    # -- after the framework saved ----------------------------------------------
+    def stage(self, directory: str, step: int, kind: str) -> None:
+        """Every rank wrote ``directory``: local rank 0 hands it to the sidecar.
+
+        Collective. After a JIT save no rank leaves before the sidecar owns the files.
+        """
+        dist.barrier()  # every rank has finished writing its files
+        if dist.ranks()["local_rank"] == 0:
+            hand_over(self.process.link, directory, self.config.staging_dir, step, kind)
+        if kind == KIND_JIT:
+            dist.barrier()
+
+    def final_progress(self, step: int, max_steps: int, epoch: float) -> None:
+        """Tell the sidecar the step training ended at (the periodic reports may lag)."""
+        try:
+            self.process.link.final_progress(step, max_steps, epoch)
+        except Exception as exc:
+            failed("the last progress report", exc)
+
+    def exit_after_jit(self, step: int, max_steps: int, epoch: float) -> None:
+        """Leave with 143 without returning into the user's code (no "final" save of a cut run)."""
+        say("JIT checkpoint-%s saved; exiting with %d" % (self.jit_step, JIT_EXIT_CODE))
+        self.final_progress(step, max_steps, epoch)
+        self.process.bye(JIT_EXIT_CODE)
+        FLAG.run_previous()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed stream must not keep us alive
+                stream.flush()
+        pids.unregister()
+        # os._exit: no atexit, no process-group teardown that could wait on other ranks.
+        os._exit(JIT_EXIT_CODE)
+
+    # -- the normal end -------------------------------------------------------
+    def capture_final_weights(self, model: Any) -> None:
+        """Demo only: rank 0 writes ``model``'s state dict where the demo asked.
+
+        Called when training ended normally (never after a JIT stop). The
+        tensors are copied to the CPU so the file compares across runs.
+        """
+        path = os.environ.get(ENV_DEMO_FINAL_WEIGHTS, "").strip()
+        if not path or model is None or dist.ranks()["rank"] != 0:
+            return
+        try:
+            import torch
+
+            inner = getattr(model, "module", model)  # DDP and friends wrap the real module
+            state = {name: value.detach().cpu() for name, value in inner.state_dict().items()}
+            temporary = "%s.tmp-%d" % (path, os.getpid())
+            torch.save(state, temporary)
+            os.replace(temporary, path)
+            say("final weights (%d tensors) written to %s" % (len(state), path))
+        except Exception as exc:
+            failed("writing the final weights for the demo", exc)
