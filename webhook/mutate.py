@@ -24,6 +24,7 @@ SKIP_NOT_TRAINER = "not-trainer"
 SKIP_OPTED_OUT = "opted-out"
 SKIP_NO_DESTINATION = "no-destination"
 SKIP_HOST_NETWORK = "host-network"
+SKIP_SHARED_PROCESSES = "shared-process-namespace"
 SKIP_SYSTEM_NAMESPACE = "system-namespace"
 SKIP_NOT_OPTED_IN = "not-opted-in"
 SKIP_INVALID_SETTING = "invalid-setting"
@@ -33,6 +34,7 @@ SKIP_REASONS = (
     SKIP_OPTED_OUT,
     SKIP_NO_DESTINATION,
     SKIP_HOST_NETWORK,
+    SKIP_SHARED_PROCESSES,
     SKIP_SYSTEM_NAMESPACE,
     SKIP_NOT_OPTED_IN,
     SKIP_INVALID_SETTING,
@@ -129,6 +131,13 @@ def mutate(
         )
     if pod["spec"].get("hostNetwork") is True:
         return _skip(pod, SKIP_HOST_NETWORK, "hostNetwork pods are not injected")
+    if pod["spec"].get("shareProcessNamespace") is True:
+        return _skip(
+            pod,
+            SKIP_SHARED_PROCESSES,
+            "shareProcessNamespace pods are not injected: the trainer could read the "
+            "sidecar's environment (the store's credentials) through /proc",
+        )
 
     resolution = settings.resolve(
         config.defaults, _strings(dict(namespace.annotations)), annotations

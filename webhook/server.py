@@ -44,7 +44,14 @@ from webhook.admission import (
 )
 from webhook.config import WebhookConfig
 from webhook.metrics import AdmissionMetrics
-from webhook.mutate import SKIP_INVALID_SETTING, MutationResult, NamespaceInfo, mutate
+from webhook.mutate import (
+    SKIP_ALREADY_INJECTED,
+    SKIP_INVALID_SETTING,
+    SKIP_NOT_TRAINER,
+    MutationResult,
+    NamespaceInfo,
+    mutate,
+)
 from webhook.namespaces import NamespaceCache
 from webhook.settings import INJECTION_ENABLED, INJECTION_LABEL
 
@@ -52,7 +59,7 @@ log = logging.getLogger(__name__)
 
 # Skip reasons that are the normal course of things and need no warning:
 # initializer pods of a TrainJob, and the reinvocation of an injected pod.
-QUIET_SKIPS = frozenset({"not-trainer", "already-injected"})
+QUIET_SKIPS = frozenset({SKIP_NOT_TRAINER, SKIP_ALREADY_INJECTED})
 # Enough of an oversized body to find the request uid in it.
 UID_PREFIX_BYTES = 64 * 1024
 

@@ -53,6 +53,10 @@ def test_http_answer_matches_golden(case: Case, update_golden: bool) -> None:
             assert warnings[1:] == expected["warnings"]
         else:
             assert warnings[0] == f"jitckpt: {expected['message']}"
+        if not expected["injected"] and not expected["deny"]:
+            registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+            skipped = {"reason": expected["skip_reason"]}
+            assert registry.get_sample_value("jitckpt_webhook_skipped_total", skipped) == 1
 
         again = check_answer(
             client.post("/mutate", json=admission_review(pod, uid="again")).json(), "again"
