@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 # name -> (module, one-line help). The order is the order of ``jitckpt --help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,8 +38,27 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            importlib.import_module(module).configure(subparser)
+            _load(name, module).configure(subparser)
     return parser
+
+
+def _load(name: str, module: str) -> ModuleType:
+    """The subcommand's module; exits with a message when its part is not installed.
+
+    Each image carries its own part only (``jitckpt inject`` has no ``webhook``
+    package in the sidecar image), and each part's dependencies are its extra.
+    """
+    part = module.partition(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if not exc.name or "." in exc.name:
+            raise  # a package is there but lacks a module: a broken install, not a missing part
+        needs = f"jitckpt's {part} part" if exc.name == part else f"the package {exc.name!r}"
+        sys.exit(
+            f"jitckpt {name}: needs {needs}, which this installation lacks "
+            f"(each image carries only its own part; elsewhere: pip install 'jitckpt[{part}]')"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

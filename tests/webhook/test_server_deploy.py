@@ -11,7 +11,6 @@ same code ``kubectl apply -k`` runs.
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from jitckpt.cli import build_parser
+from tests.test_images import WEBHOOK_IMAGE
 from tests.webhook.server_support import REPO
 from webhook.config import load_config
 
@@ -319,74 +319,8 @@ def test_self_signed_overlay_gives_the_webhook_a_writable_cert_dir() -> None:
     assert not mount.get("readOnly")
 
 
-# ---- Dockerfile.webhook -------------------------------------------------------------
-
-
-def dockerfile_stages() -> list[list[str]]:
-    """Instructions of each stage (continuation lines joined, comments dropped)."""
-    text = (REPO / "Dockerfile.webhook").read_text()
-    lines = " ".join(
-        line.strip()
-        for line in text.replace("\\\n", " ").splitlines()
-        if not line.lstrip().startswith("#")
-    )
-    instructions = re.split(
-        r"\s(?=(?:FROM|RUN|COPY|ENV|USER|WORKDIR|LABEL|EXPOSE|ENTRYPOINT|CMD|ARG)\s)", " " + lines
-    )
-    stages: list[list[str]] = [[]]
-    for instruction in (i.strip() for i in instructions if i.strip()):
-        if instruction.startswith("FROM "):
-            stages.append([])
-        stages[-1].append(instruction)
-    return stages
-
-
-def test_dockerfile_rules() -> None:
-    preamble, *stages = dockerfile_stages()
-    assert len(stages) >= 2, "multi-stage: build in one stage, run from a clean one"
-    base_arg = next(i for i in preamble if i.startswith("ARG PYTHON_IMAGE="))
-    image = base_arg.split("=", 1)[1]
-    _, _, tag = image.partition(":")
-    assert tag and tag != "latest" and re.search(r"\d", tag), image
-    final = stages[-1]
-    assert final[0].split()[1] in (image, "${PYTHON_IMAGE}")
-    users = [i for i in final if i.startswith("USER ")]
-    assert users, "the final stage sets USER"
-    uid, _, gid = users[-1].split()[1].partition(":")
-    assert uid.isdigit() and int(uid) > 0 and (not gid or gid.isdigit())
-    final_text = " ".join(final)
-    for tool in (
-        "build-essential",
-        "gcc",
-        "g++",
-        "make ",
-        "apt-get install",
-        "pip install",
-        "git ",
-    ):
-        assert tool not in final_text, tool
-    assert any(i.startswith("COPY --from=builder") for i in final)
-    everything = " ".join(" ".join(s) for s in stages).lower()
-    assert "torch" not in everything and "transformers" not in everything
-    builder = " ".join(stages[0])
-    assert "pip wheel" in builder and "-c constraints.txt" in builder
-    entry = next(i for i in final if i.startswith("ENTRYPOINT"))
-    assert shlex.split(entry.split(None, 1)[1].strip("[]").replace(",", " ")) == ["jitckpt"]
-
-
-def test_dockerignore_keeps_the_context_small() -> None:
-    lines = (REPO / ".dockerignore").read_text().splitlines()
-    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
-    assert {".git", ".venv", "tests"} <= ignored
-    # What the builder copies must not be ignored.
-    for needed in ("pyproject.toml", "constraints.txt", "README.md", "webhook", "sidecar", "shim"):
-        assert needed not in ignored
-
-
 def test_deployment_runs_as_the_image_user(rendered: Rendered) -> None:
-    final = dockerfile_stages()[-1]
-    user = next(i for i in reversed(final) if i.startswith("USER ")).split()[1]
-    uid, _, gid = user.partition(":")
+    uid, _, gid = WEBHOOK_IMAGE.user().partition(":")
     security = rendered.one("Deployment")["spec"]["template"]["spec"]["securityContext"]
     assert security["runAsUser"] == int(uid)
     assert security["runAsGroup"] == int(gid or uid)
