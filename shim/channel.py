@@ -5,21 +5,111 @@ Requests that need an answer (``hello``, ``staged``, ``bye``) and the final
 ``progress`` reports go through a one-slot mailbox that a daemon thread drains
 (a slow sidecar makes them drop, never the training loop wait); ``sigterm`` is
 sent from its own short-lived thread, since it is raised from a signal handler.
-Every failure is said once and then the call simply returns None: the shim
-behaves as if no sidecar were there.
+Every message is built and read through ``protocol``'s types. Every failure is
+said once and then the call simply returns None: the shim behaves as if no
+sidecar were there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Callable, Optional, TypeVar
 
+from . import protocol
 from .log import say_once
-from .protocol import OP_PROGRESS, OP_SIGTERM, Client, Message, ProtocolError
 
 PROGRESS_INTERVAL = 1.0
+# Seconds to wait for the sidecar to take ownership of staged files.
+STAGED_TIMEOUT = 60.0
+
+_T = TypeVar("_T")
+
+
+class Client:
+    """A blocking connection to the sidecar: short timeouts, typed messages.
+
+    The sidecar closes connections that stay idle, and it may restart, so a
+    request that fails on a connection used before (reset, broken pipe, closed)
+    is sent once more on a fresh one; a timeout is not retried. ``greeting``
+    (the process's ``hello``, once the sidecar accepted it) is said first on
+    every fresh connection, so the sidecar always knows whose connection it is.
+    """
+
+    def __init__(self, path: str, timeout: float = 5.0) -> None:
+        self._path = path
+        self._timeout = timeout
+        self._sock: Optional[socket.socket] = None
+        self._buffer = b""
+        self.greeting: Optional[protocol.Hello] = None
+
+    def send(self, request: protocol.Request) -> None:
+        """Send a request that is never answered (``progress``, ``lease``)."""
+        line = protocol.encode(request)
+        self._retrying(lambda sock: sock.sendall(line))
+
+    def call(self, request: protocol.Request, timeout: Optional[float] = None) -> protocol.Answer:
+        """Send a request and read its answer (an ``ErrorAnswer`` when refused)."""
+        return self._retrying(lambda sock: self._exchange(sock, request, timeout))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._buffer = b""
+
+    def _retrying(self, action: Callable[[socket.socket], _T]) -> _T:
+        reused = self._sock is not None
+        try:
+            return action(self._open())
+        except ConnectionError:
+            self.close()
+            if not reused:
+                raise
+        except (OSError, ValueError):
+            self.close()
+            raise
+        try:
+            return action(self._open())
+        except (OSError, ValueError):
+            self.close()
+            raise
+
+    def _open(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self._timeout)
+            try:
+                sock.connect(self._path)
+            except OSError:
+                sock.close()
+                raise
+            self._sock = sock
+            if self.greeting is not None:
+                self._exchange(sock, self.greeting, None)  # the answer was heard the first time
+        return self._sock
+
+    def _exchange(
+        self, sock: socket.socket, request: protocol.Request, timeout: Optional[float]
+    ) -> protocol.Answer:
+        sock.settimeout(self._timeout if timeout is None else timeout)
+        sock.sendall(protocol.encode(request))
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > protocol.MAX_ANSWER_LINE:
+                raise protocol.ProtocolError(
+                    "answer longer than %d bytes" % protocol.MAX_ANSWER_LINE
+                )
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("sidecar closed the connection")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return protocol.decode_answer(line, request)
 
 
 class SidecarLink:
@@ -31,7 +121,7 @@ class SidecarLink:
         self._client = Client(socket_path, timeout=timeout)
         self._lock = threading.Lock()
         self._last_progress = 0.0
-        self._mailbox: Optional[Message] = None
+        self._mailbox: Optional[protocol.Progress] = None
         self._mail = threading.Condition()
         self._progress_thread: Optional[threading.Thread] = None
 
@@ -46,23 +136,45 @@ class SidecarLink:
         )
         return False
 
-    def call(self, op: str, timeout: Optional[float] = None, **fields: Any) -> Optional[Message]:
-        """Send one request and return its answer, or None when the sidecar cannot be reached."""
+    def call(
+        self, request: protocol.Request, timeout: Optional[float] = None
+    ) -> Optional[protocol.Answer]:
+        """Send one request; its answer, or None when the sidecar is unreachable or refused."""
         if not self.present():
             return None
         with self._lock:
             try:
-                answer = self._client.call(op, timeout=timeout, **fields)
-            except (OSError, ProtocolError) as exc:
+                answer = self._client.call(request, timeout=timeout)
+            except (OSError, ValueError) as exc:  # ProtocolError is a ValueError
                 say_once(
                     "sidecar-gone",
                     "sidecar at %s did not answer %r (%s): training continues, "
-                    "checkpoints stay local" % (self.socket_path, op, exc),
+                    "checkpoints stay local" % (self.socket_path, request.OP, exc),
                 )
                 return None
-        if not answer.get("ok", False):
-            say_once("refused:" + op, "sidecar refused %r: %s" % (op, answer.get("error")))
+        if isinstance(answer, protocol.ErrorAnswer):
+            say_once("refused:" + request.OP, "sidecar refused %r: %s" % (request.OP, answer.error))
+            return None
         return answer
+
+    def hello(self, request: protocol.Hello) -> Optional[protocol.HelloAnswer]:
+        """Introduce this process; the greeting is said again on every later connection."""
+        answer = self.call(request)
+        if not isinstance(answer, protocol.HelloAnswer):
+            return None
+        self._client.greeting = request
+        return answer
+
+    def stage(self, request: protocol.Staged) -> Optional[str]:
+        """Hand a staged checkpoint over; its id once the sidecar owns the files, else None.
+
+        A file list too long for one line is left out: the sidecar then takes
+        every file of the staged directory, which is the same set.
+        """
+        if len(protocol.encode(request)) > protocol.MAX_LINE:
+            request = dataclasses.replace(request, files=())
+        answer = self.call(request, timeout=STAGED_TIMEOUT)
+        return answer.id if isinstance(answer, protocol.StagedAnswer) else None
 
     def sigterm(self, step: int) -> None:
         """Tell the sidecar that SIGTERM arrived, from a thread (safe inside a signal handler)."""
@@ -72,8 +184,8 @@ class SidecarLink:
                 return
             client = Client(self.socket_path, timeout=self._timeout)
             try:
-                client.call(OP_SIGTERM, step=step)
-            except (OSError, ProtocolError) as exc:
+                client.call(protocol.Sigterm(step=step))
+            except (OSError, ValueError) as exc:
                 say_once("sidecar-sigterm", "could not tell the sidecar about SIGTERM: %s" % exc)
             finally:
                 client.close()
@@ -87,7 +199,7 @@ class SidecarLink:
             return
         self._last_progress = now
         with self._mail:
-            self._mailbox = {"step": step, "max_steps": max_steps, "epoch": epoch}
+            self._mailbox = protocol.Progress(step=step, max_steps=max_steps, epoch=epoch)
             self._mail.notify()
         if self._progress_thread is None:
             self._progress_thread = threading.Thread(
@@ -109,8 +221,8 @@ class SidecarLink:
             return
         with self._lock:
             try:
-                self._client.send(OP_PROGRESS, step=step, max_steps=max_steps, epoch=epoch)
-            except OSError as exc:
+                self._client.send(protocol.Progress(step=step, max_steps=max_steps, epoch=epoch))
+            except (OSError, ValueError) as exc:
                 say_once("sidecar-progress", "could not report the last step: %s" % exc)
 
     def _send_progress(self) -> None:
@@ -119,10 +231,10 @@ class SidecarLink:
             with self._mail:
                 while self._mailbox is None:
                     self._mail.wait()
-                fields, self._mailbox = self._mailbox, None
+                report, self._mailbox = self._mailbox, None
             if not os.path.exists(self.socket_path):
                 continue
             try:
-                client.send(OP_PROGRESS, **fields)
-            except OSError:
+                client.send(report)
+            except (OSError, ValueError):
                 client.close()  # reconnects on the next report; the sidecar may be restarting

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 
+from . import protocol
+from .channel import Client
 from .log import say_once
-from .protocol import OP_LEASE, Client
 
 _HELD: list[Client] = []
 
@@ -27,7 +28,7 @@ def take(socket_path: str) -> None:
         return
     client = Client(socket_path, timeout=2.0)
     try:
-        client.send(OP_LEASE, pid=os.getpid())
+        client.send(protocol.Lease(pid=os.getpid()))
     except OSError as exc:
         say_once("lease", "could not open a lease with the sidecar: %s" % exc)
         return

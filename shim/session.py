@@ -11,13 +11,9 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
-from . import dist
+from . import dist, protocol
 from .channel import SidecarLink
 from .config import ShimConfig
-from .protocol import OP_BYE, OP_HELLO
-
-# Seconds to wait for the sidecar to take ownership of staged files.
-STAGED_TIMEOUT = 60.0
 
 
 class ProcessSession:
@@ -26,7 +22,7 @@ class ProcessSession:
     def __init__(self, config: ShimConfig) -> None:
         self.config = config
         self.link = SidecarLink(config.socket_path)
-        self.restored: Optional[Dict[str, Any]] = None
+        self.restored: Optional[protocol.Restored] = None
         self._hello_done = False
         self._bye_sent = False
         self._failed = False
@@ -39,16 +35,18 @@ class ProcessSession:
         if self._hello_done:
             return
         self._hello_done = True
-        answer = self.link.call(OP_HELLO, pid=os.getpid(), framework=framework, **dist.ranks())
-        if answer and answer.get("ok") and isinstance(answer.get("restored"), dict):
-            self.restored = answer["restored"]
+        answer = self.link.hello(
+            protocol.Hello(pid=os.getpid(), framework=framework, **dist.ranks())
+        )
+        if answer is not None:
+            self.restored = answer.restored
 
     def bye(self, exit_code: int) -> None:
         """Say goodbye once (the legacy sidecar leaves when the trainer is gone)."""
         if self._bye_sent or not self._hello_done:
             return
         self._bye_sent = True
-        self.link.call(OP_BYE, timeout=2.0, exit_code=exit_code)
+        self.link.call(protocol.Bye(exit_code=exit_code), timeout=2.0)
 
     def _excepthook(self, kind: Any, value: Any, traceback: Any) -> None:
         self._failed = True

@@ -13,22 +13,12 @@ import errno
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from typing import List
 
 from .log import say_once
+from .protocol import Staged
 
 DIR_MODE = 0o777
-
-
-@dataclass(frozen=True)
-class Staged:
-    """One staged checkpoint: where the links are and which files (relative, ``/``-separated)."""
-
-    step: int
-    kind: str
-    dir: str
-    files: List[str]
 
 
 def _make_dir(path: str) -> None:
@@ -50,7 +40,10 @@ def _link(source: str, target: str) -> None:
 
 
 def stage(checkpoint_dir: str, staging_root: str, step: int, kind: str) -> Staged:
-    """Link every file of ``checkpoint_dir`` into a fresh ``staging_root/<id>/``."""
+    """Link every file of ``checkpoint_dir`` into a fresh ``staging_root/<id>/``.
+
+    What it returns is the ``staged`` request that hands the links to the sidecar.
+    """
     name = os.path.basename(os.path.normpath(checkpoint_dir))
     if not os.path.isdir(staging_root):
         _make_dir(staging_root)
@@ -69,4 +62,4 @@ def stage(checkpoint_dir: str, staging_root: str, step: int, kind: str) -> Stage
             _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
             relative = file_name if relative_dir == "." else os.path.join(relative_dir, file_name)
             files.append(relative.replace(os.sep, "/"))
-    return Staged(step=step, kind=kind, dir=target_root, files=files)
+    return Staged(step=step, kind=kind, dir=target_root, files=tuple(files))

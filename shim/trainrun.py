@@ -33,8 +33,8 @@ from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .layout import CHECKPOINT_PREFIX, ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
 from .log import failed, say, say_once
-from .protocol import KIND_JIT, OP_STAGED
-from .session import STAGED_TIMEOUT, ProcessSession
+from .protocol import KIND_JIT
+from .session import ProcessSession
 from .session import get as get_session
 from .signals import FLAG
 from .staging import stage
@@ -58,19 +58,10 @@ def hand_over(
     except OSError as exc:
         failed("staging %s" % source, exc)
         return None
-    answer = link.call(
-        OP_STAGED,
-        timeout=STAGED_TIMEOUT,
-        step=staged.step,
-        kind=staged.kind,
-        dir=staged.dir,
-        files=staged.files,
-    )
-    if not (answer and answer.get("ok")):
-        return None
-    say("%s checkpoint-%d handed to the sidecar" % (kind, step))
-    staged_id = answer.get("id")
-    return staged_id if isinstance(staged_id, str) else ""
+    staged_id = link.stage(staged)
+    if staged_id is not None:
+        say("%s checkpoint-%d handed to the sidecar" % (kind, step))
+    return staged_id
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -110,13 +101,8 @@ class TrainingRun:
     # -- resume ---------------------------------------------------------------
     def _candidate(self) -> Optional[int]:
         restored = self.process.restored
-        if restored is not None:
-            path = restored.get("path")
-            if isinstance(path, str) and os.path.isdir(path):
-                try:
-                    return int(restored.get("step", -1))
-                except (TypeError, ValueError):
-                    pass
+        if restored is not None and os.path.isdir(restored.path):
+            return restored.step
         newest = newest_checkpoint(self.config.checkpoints_dir, self.marker)
         return newest[0] if newest is not None else None
 

@@ -78,7 +78,7 @@ def test_staged_links_survive_hf_rotation(tmp_path: Path) -> None:
     rotate_checkpoints(str(checkpoints), save_total_limit=1)
     assert not first.exists()
     root = Path(staged.dir)
-    assert staged.files == ["model.safetensors", "sub/extra.bin"]
+    assert staged.files == ("model.safetensors", "sub/extra.bin")
     assert (root / "model.safetensors").read_bytes() == b"weights-1" * 1000
     assert (root / "sub" / "extra.bin").read_bytes() == b"x"
     for directory in (root, root / "sub"):
