@@ -70,7 +70,12 @@ async def _jitckpt(job: Job) -> dict[str, Any]:
         if name in os.environ
     }
     config = AgentConfig.from_env(
-        {"JITCKPT_DESTINATION": f"s3://{job.bucket}/{job.prefix}", **tuning}
+        {
+            "JITCKPT_DESTINATION": f"s3://{job.bucket}/{job.prefix}",
+            "JITCKPT_NNODES": "1",
+            "JITCKPT_NODE_RANK": "0",
+            **tuning,
+        }
     )
     files = job.files()
     expected = {}

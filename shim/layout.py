@@ -45,7 +45,13 @@ ENV_DEMO_FINAL_WEIGHTS = "JITCKPT_DEMO_FINAL_WEIGHTS"
 ENV_DESTINATION = "JITCKPT_DESTINATION"  # the job's root: <destination>/<namespace>/<job>
 ENV_JOB_NAME = "JITCKPT_JOB_NAME"
 ENV_NODE_RANK = "JITCKPT_NODE_RANK"  # copied from the trainer (literal or fieldRef)
+# Added to ENV_NODE_RANK when that is a PyTorchJob replica-index label: set by
+# `jitckpt inject` on worker templates, whose node rank is the index + 1.
+ENV_NODE_RANK_OFFSET = "JITCKPT_NODE_RANK_OFFSET"
 ENV_NNODES = "JITCKPT_NNODES"
+# The most nodes a job may have: what the webhook copies, the sidecar accepts
+# and a manifest may state are all held to it.
+MAX_NNODES = 10000
 ENV_POD_NAME = "JITCKPT_POD_NAME"  # fieldRef metadata.name
 ENV_POD_NAMESPACE = "JITCKPT_POD_NAMESPACE"  # fieldRef metadata.namespace
 ENV_POD_IP = "JITCKPT_POD_IP"  # fieldRef status.podIP: where the status server binds

@@ -41,21 +41,19 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import sys
 
-    from pydantic import ValidationError
-
     from sidecar.agent import Agent
     from sidecar.config import AgentConfig
 
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
-        format="%(asctime)s %(levelname)s jitckpt-agent %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {layout.AGENT_CONTAINER} %(name)s: %(message)s",
     )
     logging.getLogger("aiobotocore").setLevel(logging.WARNING)
     logging.getLogger("botocore").setLevel(logging.WARNING)
     try:
         config = AgentConfig.from_env()
-    except ValidationError as exc:
+    except ValueError as exc:  # pydantic's ValidationError is one too
         print(f"jitckpt agent: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     agent = Agent(

@@ -9,6 +9,7 @@ sidecar-only: the webhook never sets them, tests and operators may.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -31,12 +32,15 @@ ENV_GRACE_MARGIN = "JITCKPT_GRACE_MARGIN"  # seconds kept free before the SIGKIL
 ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete a torn one
 # Legacy run phase: seconds to wait for a first trainer process before giving up on it.
 ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
+# Seconds a socket connection may go without a complete line (leases excepted).
+ENV_SOCKET_IDLE_SECONDS = "JITCKPT_SOCKET_IDLE_SECONDS"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
 DOWNLOAD_RANGE_SIZE = 64 * 1024 * 1024
 DOWNLOAD_CONCURRENCY = 8
 MIN_RANGE_SIZE = 1024 * 1024  # below this, per-request cost dominates any store
 
+_INTEGER = re.compile(r"[0-9]{1,9}")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -51,13 +55,41 @@ def parse_bool(value: str) -> bool:
     raise ValueError(f"not a boolean: {value!r}")
 
 
+def _env_integer(source: Mapping[str, str], name: str, low: int, high: int) -> int:
+    value = source.get(name)
+    if value is None or value == "":
+        raise ValueError(
+            f"{name} is not set: the webhook copies the node count and node rank from the "
+            "trainer container; without them no checkpoint's validity can be judged"
+        )
+    if not _INTEGER.fullmatch(value) or not low <= int(value) <= high:
+        raise ValueError(f"{name}={value!r} is not an integer from {low} to {high}")
+    return int(value)
+
+
+def node_of_job(source: Mapping[str, str]) -> dict[str, int]:
+    """``nnodes`` and ``node_rank`` from the env, required: never a guess of one node.
+
+    A checkpoint is valid once all ``nnodes`` nodes committed; a sidecar that
+    assumed one node would call a multi-node checkpoint valid after its own
+    commit. The rank may be a replica index plus an offset (``jitckpt inject``
+    on PyTorchJob worker templates).
+    """
+    nnodes = _env_integer(source, layout.ENV_NNODES, 1, layout.MAX_NNODES)
+    rank = _env_integer(source, layout.ENV_NODE_RANK, 0, layout.MAX_NNODES - 1)
+    if source.get(layout.ENV_NODE_RANK_OFFSET):
+        rank += _env_integer(source, layout.ENV_NODE_RANK_OFFSET, 0, layout.MAX_NNODES - 1)
+    return {"nnodes": nnodes, "node_rank": rank}
+
+
 class AgentConfig(BaseModel):
     """Everything the agent needs; ``from_env`` is the only way production builds it."""
 
     destination: str
     job_name: str = ""
+    # Defaults for tests and `jitckpt ls` only: ``from_env`` requires both (fail closed).
     node_rank: int = Field(default=0, ge=0)
-    nnodes: int = Field(default=1, ge=1)
+    nnodes: int = Field(default=1, ge=1, le=layout.MAX_NNODES)
     pod_name: str = ""
     pod_namespace: str = ""
     pod_ip: str = "0.0.0.0"
@@ -80,6 +112,7 @@ class AgentConfig(BaseModel):
     s3_max_attempts: int = Field(default=8, ge=1)
     torn_min_age: float = Field(default=3600.0, ge=0)
     trainer_start_timeout: float = Field(default=1800.0, gt=0)
+    socket_idle_seconds: float = Field(default=120.0, gt=0)
 
     @field_validator("destination")
     @classmethod
@@ -91,6 +124,14 @@ class AgentConfig(BaseModel):
     @model_validator(mode="after")
     def _destination_parses(self) -> AgentConfig:
         parse_job_root(self.destination, self.pvc_mount)  # DestinationError is a ValueError
+        return self
+
+    @model_validator(mode="after")
+    def _one_node_of_the_job(self) -> AgentConfig:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(
+                f"node rank {self.node_rank} is not below the node count {self.nnodes}"
+            )
         return self
 
     @property
@@ -117,8 +158,6 @@ class AgentConfig(BaseModel):
         names: dict[str, str] = {
             "destination": layout.ENV_DESTINATION,
             "job_name": layout.ENV_JOB_NAME,
-            "node_rank": layout.ENV_NODE_RANK,
-            "nnodes": layout.ENV_NNODES,
             "pod_name": layout.ENV_POD_NAME,
             "pod_namespace": layout.ENV_POD_NAMESPACE,
             "pod_ip": layout.ENV_POD_IP,
@@ -141,9 +180,13 @@ class AgentConfig(BaseModel):
             "s3_max_attempts": ENV_S3_MAX_ATTEMPTS,
             "torn_min_age": ENV_TORN_MIN_AGE,
             "trainer_start_timeout": ENV_TRAINER_START_TIMEOUT,
+            "socket_idle_seconds": ENV_SOCKET_IDLE_SECONDS,
         }
         booleans = {"verify_ssl", "verify_access", "resume"}
-        values: dict[str, object] = {"destination": source.get(layout.ENV_DESTINATION, "")}
+        values: dict[str, object] = {
+            "destination": source.get(layout.ENV_DESTINATION, ""),
+            **node_of_job(source),
+        }
         for field, env_name in names.items():
             raw = source.get(env_name)
             if raw is None or raw == "" or field == "destination":

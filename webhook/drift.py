@@ -157,6 +157,10 @@ def audit_pod(
         row.drift.append("edited")
         row.notes.append(f"no longer a trainer pod once stripped: {trainer.message}")
         return row
+    if isinstance(trainer, jobs.UnknownNodes):
+        row.drift.append("config")
+        row.notes.append(f"the current rules would not inject it: {trainer.message}")
+        return row
 
     settings_used = {k: v for k, v in status.config.items() if k not in CONFIG_FIELDS}
     expected = build(

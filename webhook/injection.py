@@ -70,12 +70,6 @@ def job_root(destination: str, namespace: str, job: str) -> str:
     return grammar.parse(destination).join(namespace, job).uri
 
 
-def shutdown_timeout(grace: int) -> int:
-    """torchrun's worker shutdown budget: the grace period minus a margin for its own exit."""
-    margin = min(30, max(5, grace // 10))
-    return max(1, grace - margin)
-
-
 def _list(holder: dict[str, Any], key: str) -> list[Any]:
     """A copy of ``holder[key]`` put in its place, to extend; an absent or null list becomes []."""
     value = holder.get(key)
@@ -149,11 +143,9 @@ class _Plan:
             _env(layout.ENV_DESTINATION, self.root),
             _env(layout.ENV_JOB_NAME, trainer.job_name),
         ]
-        if trainer.node_rank is not None:
-            env.append({"name": layout.ENV_NODE_RANK, **copy.deepcopy(trainer.node_rank)})
-        if trainer.nnodes is not None:
-            env.append({"name": layout.ENV_NNODES, **copy.deepcopy(trainer.nnodes)})
         env += [
+            {"name": layout.ENV_NODE_RANK, **copy.deepcopy(trainer.node_rank)},
+            {"name": layout.ENV_NNODES, **copy.deepcopy(trainer.nnodes)},
             _field_env(layout.ENV_POD_NAME, "metadata.name"),
             _field_env(layout.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(layout.ENV_POD_IP, "status.podIP"),
@@ -242,7 +234,7 @@ def _trainer_env(
         (layout.ENV_SOCKET, layout.SOCKET_PATH),
         (layout.ENV_GRACE_SECONDS, str(grace)),
         (layout.ENV_JIT, values["jit"]),
-        (layout.ENV_TORCH_SHUTDOWN, str(shutdown_timeout(grace))),
+        (layout.ENV_TORCH_SHUTDOWN, str(layout.shutdown_timeout(grace))),
     ]
     for setting, env_name in (
         ("save-strategy", layout.ENV_SAVE_STRATEGY),
@@ -289,7 +281,7 @@ def build(
     """The injected pod for validated ``values`` (destination set); ``pod`` is not touched."""
     spec = {**pod["spec"]}
     out = {**pod, "metadata": {**pod["metadata"]}, "spec": spec}
-    warnings = list(trainer.notes)
+    warnings: list[str] = []
     mode = values["sidecar-mode"]
     destination = grammar.parse(values["destination"])
     pvc_claim = destination.name if destination.scheme == grammar.PVC else None

@@ -11,8 +11,10 @@ count only on their own container, so the sidecar gets a copy of them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from shim.layout import MAX_NNODES
 
 PYTORCHJOB = "PyTorchJob"
 TRAINJOB = "TrainJob"
@@ -31,9 +33,10 @@ TJ_CONTAINER = "node"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 # Where each kind keeps the node rank and node count; first match wins.
-_RANK_ENV = {PYTORCHJOB: ("PET_NODE_RANK", "RANK"), TRAINJOB: ("PET_NODE_RANK",)}
-_NNODES_ENV = {PYTORCHJOB: ("PET_NNODES", "WORLD_SIZE"), TRAINJOB: ("PET_NNODES",)}
+RANK_ENV_NAMES = {PYTORCHJOB: ("PET_NODE_RANK", "RANK"), TRAINJOB: ("PET_NODE_RANK",)}
+NNODES_ENV_NAMES = {PYTORCHJOB: ("PET_NNODES", "WORLD_SIZE"), TRAINJOB: ("PET_NNODES",)}
 
+_INTEGER = re.compile(r"[0-9]{1,9}")  # ASCII digits only: "²".isdigit() is True
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 EnvSource = dict[str, Any]  # an env entry without its name: {"value": ...} or {"valueFrom": ...}
@@ -41,14 +44,28 @@ EnvSource = dict[str, Any]  # an env entry without its name: {"value": ...} or {
 
 @dataclass(frozen=True)
 class TrainerPod:
-    """A pod that gets the sidecar: its job and the trainer container."""
+    """A pod that gets the sidecar: its job, the trainer container, and the sidecar's copies."""
 
     kind: str
     job_name: str
     container_index: int
-    node_rank: EnvSource | None
-    nnodes: EnvSource | None
-    notes: list[str] = field(default_factory=list)
+    node_rank: EnvSource
+    nnodes: EnvSource
+
+
+@dataclass(frozen=True)
+class UnknownNodes:
+    """A trainer pod whose node count or node rank cannot be known: never injected.
+
+    A checkpoint is valid once every one of ``nnodes`` nodes committed its
+    manifest, so a guess (one node, rank 0) would let a multi-node checkpoint
+    count as valid after a single node committed. Elastic PyTorchJobs (a range
+    like ``1:4``, ranks assigned by rendezvous) end up here.
+    """
+
+    kind: str
+    job_name: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -74,20 +91,43 @@ def _container_index(pod: dict[str, Any], name: str) -> int | None:
     return None
 
 
-def _copy_env(container: dict[str, Any], names: tuple[str, ...]) -> EnvSource | None:
-    """The first of ``names`` the container sets, as a literal or the same valueFrom."""
+def _node_env(container: dict[str, Any], names: tuple[str, ...]) -> EnvSource | str | None:
+    """The first of ``names`` the container sets: the sidecar's copy, or why it is unusable.
+
+    The first name present decides: a ``PET_NNODES`` of ``1:4`` is an elastic
+    range, and falling back to ``WORLD_SIZE`` would guess. None: none is set.
+    """
     env = container.get("env")
     entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
-    by_name = {e.get("name"): e for e in entries}
+    by_name = {e.get("name"): e for e in entries}  # the last definition wins, as in the kubelet
     for name in names:
         entry = by_name.get(name)
         if entry is None:
             continue
-        if "valueFrom" in entry:
+        if "valueFrom" in entry:  # the same reference resolves to the same value in the sidecar
             return {"valueFrom": entry["valueFrom"]}
-        value = entry.get("value")
-        if isinstance(value, str) and value.isdigit():
-            return {"value": value}
+        value = entry.get("value", "")
+        if not _INTEGER.fullmatch(value):
+            return f"{name}={value!r} is not an integer"
+        return {"value": str(int(value))}
+    return None
+
+
+def _unknown(container: str, what: str, names: tuple[str, ...], found: str | None) -> str:
+    """The sentence for a node count or rank that is absent (``found`` None) or unusable."""
+    if found is None:
+        return f"container {container!r} sets no node {what} ({' or '.join(names)})"
+    return f"container {container!r}: {found}, not a node {what}"
+
+
+def _range_problem(rank: EnvSource, nnodes: EnvSource) -> str | None:
+    """Why literal values do not name one node of a job (references are checked by the sidecar)."""
+    count = int(nnodes["value"]) if "value" in nnodes else None
+    index = int(rank["value"]) if "value" in rank else None
+    if count is not None and not 1 <= count <= MAX_NNODES:
+        return f"the node count {count} is not from 1 to {MAX_NNODES}"
+    if index is not None and index >= (count or MAX_NNODES):
+        return f"the node rank {index} is not below the node count {count or MAX_NNODES}"
     return None
 
 
@@ -132,8 +172,8 @@ def _malformed_metadata(metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
-    """Classify ``pod``: a PyTorchJob or TrainJob trainer, or not a trainer (and why)."""
+def detect(pod: dict[str, Any]) -> TrainerPod | UnknownNodes | NotTrainer:
+    """Classify ``pod``: a trainer, a trainer of unknown nodes, or not a trainer (and why)."""
     metadata = pod.get("metadata")
     spec = pod.get("spec")
     if not isinstance(metadata, dict) or not isinstance(spec, dict):
@@ -168,25 +208,20 @@ def detect(pod: dict[str, Any]) -> TrainerPod | NotTrainer:
     problem = _malformed(spec, trainer) or _malformed_metadata(metadata)
     if problem is not None:
         return NotTrainer(f"a {kind} pod with a malformed {problem}")
-    notes: list[str] = []
-    rank = _copy_env(trainer, _RANK_ENV[kind])
+    nnodes = _node_env(trainer, NNODES_ENV_NAMES[kind])
+    if not isinstance(nnodes, dict):
+        return UnknownNodes(kind, job, _unknown(container, "count", NNODES_ENV_NAMES[kind], nnodes))
+    rank = _node_env(trainer, RANK_ENV_NAMES[kind])
     if rank is None and kind == TRAINJOB and COMPLETION_INDEX in annotations:
         rank = _field_ref(f"metadata.annotations['{COMPLETION_INDEX}']")
     if rank is None and kind == PYTORCHJOB and labels.get(PT_REPLICA_TYPE) == "master":
         rank = {"value": "0"}  # the training operator gives the master node rank 0
-    if rank is None:
-        notes.append(
-            f"container {container!r} sets no node rank ({' or '.join(_RANK_ENV[kind])}); "
-            "the sidecar cannot tell which node it runs on"
-        )
-    nnodes = _copy_env(trainer, _NNODES_ENV[kind])
-    if nnodes is None:
-        notes.append(
-            f"container {container!r} sets no integer node count "
-            f"({' or '.join(_NNODES_ENV[kind])}); the sidecar cannot tell how many nodes "
-            "commit a checkpoint"
-        )
-    return TrainerPod(kind, job, index, rank, nnodes, notes)
+    if not isinstance(rank, dict):
+        return UnknownNodes(kind, job, _unknown(container, "rank", RANK_ENV_NAMES[kind], rank))
+    problem = _range_problem(rank, nnodes)
+    if problem is not None:
+        return UnknownNodes(kind, job, f"container {container!r}: {problem}")
+    return TrainerPod(kind, job, index, rank, nnodes)
 
 
 def _field_ref(path: str) -> EnvSource:

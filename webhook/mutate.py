@@ -25,6 +25,7 @@ SKIP_OPTED_OUT = "opted-out"
 SKIP_NO_DESTINATION = "no-destination"
 SKIP_HOST_NETWORK = "host-network"
 SKIP_SHARED_PROCESSES = "shared-process-namespace"
+SKIP_UNKNOWN_NODES = "unknown-nodes"
 SKIP_SYSTEM_NAMESPACE = "system-namespace"
 SKIP_NOT_OPTED_IN = "not-opted-in"
 SKIP_INVALID_SETTING = "invalid-setting"
@@ -35,11 +36,15 @@ SKIP_REASONS = (
     SKIP_NO_DESTINATION,
     SKIP_HOST_NETWORK,
     SKIP_SHARED_PROCESSES,
+    SKIP_UNKNOWN_NODES,
     SKIP_SYSTEM_NAMESPACE,
     SKIP_NOT_OPTED_IN,
     SKIP_INVALID_SETTING,
     SKIP_ALREADY_INJECTED,
 )
+# Skips the admission server decides before mutating (also ``skipped{reason}`` labels).
+SKIP_NOT_CREATE = "not-create"
+SKIP_NAMESPACE_UNKNOWN = "namespace-unknown"
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,14 @@ def mutate(
             SKIP_SHARED_PROCESSES,
             "shareProcessNamespace pods are not injected: the trainer could read the "
             "sidecar's environment (the store's credentials) through /proc",
+        )
+    if isinstance(trainer, jobs.UnknownNodes):
+        return _skip(
+            pod,
+            SKIP_UNKNOWN_NODES,
+            f"{trainer.kind} {trainer.job_name}: {trainer.message}; a checkpoint is valid only "
+            "once every node committed, so the node count and this pod's node rank must be "
+            "known: not injected (elastic jobs are not supported)",
         )
 
     resolution = settings.resolve(

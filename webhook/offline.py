@@ -14,10 +14,12 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from shim import layout
 from webhook import jobs
 from webhook.config import WebhookConfig
 from webhook.documents import describe
 from webhook.mutate import SKIP_INVALID_SETTING, MutationResult, NamespaceInfo, mutate
+from webhook.status import AGENT, RESTORE
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API_GROUP = "trainer.kubeflow.org/"
@@ -90,11 +92,16 @@ class OfflineInjector:
             self.outcome.lines.append(f"{label}: unchanged: no spec.pytorchReplicaSpecs")
             return job
         nnodes = self._nnodes(out, specs)
+        has_master = any(str(t).lower() == "master" for t in specs)
         for replica_type, replica in specs.items():
             if not isinstance(replica, dict) or not isinstance(replica.get("template"), dict):
                 continue
             replica["template"] = self._template(
-                out, replica_type, replica["template"], nnodes, f"{label} {replica_type}"
+                out,
+                str(replica_type),
+                replica["template"],
+                _Nodes(nnodes, has_master),
+                f"{label} {replica_type}",
             )
         return out
 
@@ -116,7 +123,7 @@ class OfflineInjector:
         job: dict[str, Any],
         replica_type: str,
         template: dict[str, Any],
-        nnodes: int | None,
+        nodes: _Nodes,
         label: str,
     ) -> dict[str, Any]:
         """Inject one replica template as the pod the controller would create from it."""
@@ -144,35 +151,72 @@ class OfflineInjector:
             "metadata": pod_meta,
             "spec": copy.deepcopy(template.get("spec") or {}),
         }
-        added_env = self._controller_env(pod, nnodes)
+        # A worker's node rank is its replica index + 1 (the master is 0), set by the
+        # controller on each pod it creates: the sidecar reads the index label instead.
+        rank_from_label = role == "worker" and nodes.has_master
+        added_env = _controller_env(pod, nodes.count, rank_from_label)
         result = mutate(pod, self._namespace(job), self.config, require_opt_in=False)
         self.outcome.report(label, result)
-        if role != "master" and result.injected:
-            self.outcome.lines.append(
-                f"{label}: note: each worker's node rank is set by the controller when it "
-                "creates the pod; only the webhook can copy it to the sidecar"
-            )
         if not result.injected:
             return template
         spec = copy.deepcopy(result.pod["spec"])
         for container in spec.get("containers") or []:
             if container.get("name") == jobs.PT_CONTAINER and added_env:
                 container["env"] = [e for e in container["env"] if e.get("name") not in added_env]
+        if RANK_ENV in added_env:
+            _offset_sidecar_ranks(spec)
+            self.outcome.lines.append(
+                f"{label}: note: each worker's sidecar takes its node rank from the pod's "
+                f"{jobs.PT_REPLICA_INDEX} label + 1, as the controller numbers workers"
+            )
         new_meta = copy.deepcopy(meta)
         new_meta["annotations"] = result.pod["metadata"]["annotations"]
         return {**template, "metadata": new_meta, "spec": spec}
 
-    @staticmethod
-    def _controller_env(pod: dict[str, Any], nnodes: int | None) -> list[str]:
-        """Add the node count env the controller would set, so the sidecar gets a copy."""
-        if nnodes is None:
-            return []
-        for container in pod["spec"].get("containers") or []:
-            if not isinstance(container, dict) or container.get("name") != jobs.PT_CONTAINER:
-                continue
-            env = container.setdefault("env", [])
-            if any(e.get("name") in ("PET_NNODES", "WORLD_SIZE") for e in env):
-                return []
-            env.append({"name": "PET_NNODES", "value": str(nnodes)})
-            return ["PET_NNODES"]
-        return []
+
+@dataclass(frozen=True)
+class _Nodes:
+    """What the job as a whole says about its nodes (a single template cannot)."""
+
+    count: int | None  # None: elastic, or replicas not a literal
+    has_master: bool
+
+
+_RANK_ENVS = jobs.RANK_ENV_NAMES[jobs.PYTORCHJOB]
+_NNODES_ENVS = jobs.NNODES_ENV_NAMES[jobs.PYTORCHJOB]
+RANK_ENV, NNODES_ENV = _RANK_ENVS[0], _NNODES_ENVS[0]  # what training-operator v1.9 sets
+
+
+def _controller_env(pod: dict[str, Any], nnodes: int | None, rank_from_label: bool) -> list[str]:
+    """Add the node env the controller would set, so the sidecar gets a copy; names added.
+
+    The node count is a literal; a worker's rank differs per pod, so it is a
+    reference to the replica-index label (offset later, in the sidecar's env).
+    """
+    for container in pod["spec"].get("containers") or []:
+        if not isinstance(container, dict) or container.get("name") != jobs.PT_CONTAINER:
+            continue
+        env = container.setdefault("env", [])
+        names = {e.get("name") for e in env}
+        added = []
+        if nnodes is not None and not names & set(_NNODES_ENVS):
+            env.append({"name": NNODES_ENV, "value": str(nnodes)})
+            added.append(NNODES_ENV)
+        if rank_from_label and not names & set(_RANK_ENVS):
+            path = f"metadata.labels['{jobs.PT_REPLICA_INDEX}']"
+            ref = {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}
+            env.append({"name": RANK_ENV, "valueFrom": ref})
+            added.append(RANK_ENV)
+        return added
+    return []
+
+
+def _offset_sidecar_ranks(spec: dict[str, Any]) -> None:
+    """After the sidecar's rank (the replica index), the offset that makes it the node rank."""
+    offset = {"name": layout.ENV_NODE_RANK_OFFSET, "value": "1"}
+    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        if container.get("name") not in (AGENT, RESTORE):
+            continue
+        env = container["env"]
+        at = next(i for i, e in enumerate(env) if e.get("name") == layout.ENV_NODE_RANK)
+        env.insert(at + 1, offset)

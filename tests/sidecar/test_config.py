@@ -14,6 +14,9 @@ from shim import layout
 from sidecar.config import AgentConfig
 from sidecar.uri import DestinationError, parse_job_root
 
+# The node a sidecar runs on: the webhook always sets both.
+NODE = {layout.ENV_NNODES: "1", layout.ENV_NODE_RANK: "0"}
+
 
 def test_from_env_reads_the_injected_names() -> None:
     config = AgentConfig.from_env(
@@ -42,7 +45,7 @@ def test_from_env_reads_the_injected_names() -> None:
 
 
 def test_defaults_are_the_layout_ones() -> None:
-    config = AgentConfig.from_env({layout.ENV_DESTINATION: "pvc://c/p"})
+    config = AgentConfig.from_env({layout.ENV_DESTINATION: "pvc://c/p", **NODE})
     assert config.local_dir == Path(layout.LOCAL_DIR)
     assert config.socket_path == Path(layout.SOCKET_PATH)
     assert config.pvc_mount == Path(layout.PVC_MOUNT)
@@ -53,11 +56,10 @@ def test_defaults_are_the_layout_ones() -> None:
 @pytest.mark.parametrize(
     "env",
     [
-        {},
-        {layout.ENV_DESTINATION: "s3://bkt/p", layout.ENV_RESUME: "maybe"},
-        {layout.ENV_DESTINATION: "s3://bkt/p", layout.ENV_NNODES: "0"},
-        {layout.ENV_DESTINATION: "s3://bkt/p", layout.ENV_MODE: "sidecar"},
-        {layout.ENV_DESTINATION: "s3://bkt/p", "JITCKPT_PART_SIZE": "1024"},
+        {**NODE},
+        {layout.ENV_DESTINATION: "s3://bkt/p", **NODE, layout.ENV_RESUME: "maybe"},
+        {layout.ENV_DESTINATION: "s3://bkt/p", **NODE, layout.ENV_MODE: "sidecar"},
+        {layout.ENV_DESTINATION: "s3://bkt/p", **NODE, "JITCKPT_PART_SIZE": "1024"},
     ],
 )
 def test_invalid_settings_are_refused(env: dict[str, str]) -> None:
@@ -88,7 +90,7 @@ def test_job_roots() -> None:
 )
 def test_agent_refuses_bad_settings_with_exit_2(destination: str, expected: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JITCKPT_")}
-    env[layout.ENV_DESTINATION] = destination
+    env.update({layout.ENV_DESTINATION: destination, **NODE})
     done = subprocess.run(
         [str(Path(sys.executable).parent / "jitckpt"), "agent"],
         env=env,
@@ -104,12 +106,13 @@ def test_agent_refuses_bad_settings_with_exit_2(destination: str, expected: str)
 def test_downloads_have_their_own_range_size_and_concurrency() -> None:
     from sidecar import config as cfg
 
-    defaults = AgentConfig.from_env({layout.ENV_DESTINATION: "s3://bkt/p"})
+    defaults = AgentConfig.from_env({layout.ENV_DESTINATION: "s3://bkt/p", **NODE})
     assert (defaults.download_range_size, defaults.download_concurrency) == (64 << 20, 8)
     assert (defaults.part_size, defaults.concurrency) == (16 << 20, 4)
     tuned = AgentConfig.from_env(
         {
             layout.ENV_DESTINATION: "s3://bkt/p",
+            **NODE,
             cfg.ENV_DOWNLOAD_RANGE_SIZE: str(32 << 20),
             cfg.ENV_DOWNLOAD_CONCURRENCY: "16",
         }
@@ -117,5 +120,51 @@ def test_downloads_have_their_own_range_size_and_concurrency() -> None:
     assert (tuned.download_range_size, tuned.download_concurrency) == (32 << 20, 16)
     with pytest.raises(ValidationError):
         AgentConfig.from_env(
-            {layout.ENV_DESTINATION: "s3://bkt/p", cfg.ENV_DOWNLOAD_RANGE_SIZE: "1"}
+            {layout.ENV_DESTINATION: "s3://bkt/p", **NODE, cfg.ENV_DOWNLOAD_RANGE_SIZE: "1"}
         )
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        ({}, "JITCKPT_NNODES is not set"),
+        ({layout.ENV_NNODES: "2"}, "JITCKPT_NODE_RANK is not set"),
+        ({layout.ENV_NODE_RANK: "0"}, "JITCKPT_NNODES is not set"),
+        ({layout.ENV_NNODES: "1:4", layout.ENV_NODE_RANK: "0"}, "JITCKPT_NNODES='1:4'"),
+        ({layout.ENV_NNODES: "", layout.ENV_NODE_RANK: "0"}, "JITCKPT_NNODES is not set"),
+        ({layout.ENV_NNODES: "0", layout.ENV_NODE_RANK: "0"}, "JITCKPT_NNODES='0'"),
+        ({layout.ENV_NNODES: "\u00b2", layout.ENV_NODE_RANK: "0"}, "is not an integer"),
+        ({layout.ENV_NNODES: "99999", layout.ENV_NODE_RANK: "0"}, "from 1 to 10000"),
+        ({layout.ENV_NNODES: "2", layout.ENV_NODE_RANK: "-1"}, "JITCKPT_NODE_RANK='-1'"),
+        ({layout.ENV_NNODES: "2", layout.ENV_NODE_RANK: "2"}, "not below the node count 2"),
+        (
+            {layout.ENV_NNODES: "2", layout.ENV_NODE_RANK: "1", layout.ENV_NODE_RANK_OFFSET: "1"},
+            "not below the node count 2",
+        ),
+    ],
+)
+def test_the_agent_never_guesses_its_node(nodes: dict[str, str], expected: str) -> None:
+    """Unknown node count or rank: exit 2 with a clear message, never nnodes=1 / rank 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JITCKPT_")}
+    env.update({layout.ENV_DESTINATION: "s3://bkt/ns/job", **nodes})
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "jitckpt"), "agent"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "invalid settings" in done.stderr and expected in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_worker_rank_is_the_replica_index_plus_the_offset() -> None:
+    env = {
+        layout.ENV_DESTINATION: "s3://bkt/ns/job",
+        layout.ENV_NNODES: "4",
+        layout.ENV_NODE_RANK: "2",
+        layout.ENV_NODE_RANK_OFFSET: "1",
+    }
+    assert AgentConfig.from_env(env).node_rank == 3

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 
+from local.podrunner.spec import ObjectStore, PodContext, container_env
+from sidecar.config import AgentConfig
 from tests.webhook.cli_support import documents, jitckpt
 from tests.webhook.golden import (
     CLI_DIR,
@@ -159,16 +161,48 @@ def test_pytorchjob_templates_become_valid_injected_pods() -> None:
         labels = template["metadata"].get("labels") or {}
         assert not any(k.startswith("training.kubeflow.org/") for k in labels), labels
         trainer = template["spec"]["containers"][0]
-        assert "PET_NNODES" not in {e["name"] for e in trainer["env"]}
+        assert not {"PET_NNODES", "PET_NODE_RANK"} & {e["name"] for e in trainer["env"]}
         agent = template["spec"]["initContainers"][0]
         env = {e["name"]: e.get("value") for e in agent["env"]}
         assert env["JITCKPT_NNODES"] == "4"
         assert env["JITCKPT_DESTINATION"] == "s3://ml-checkpoints/team-a/team-a/llama-ft"
-        assert ("JITCKPT_NODE_RANK" in env) == (replica_type == "Master")
         pod = {"apiVersion": "v1", "kind": "Pod", **template}
         pod["metadata"] = {**template["metadata"], "name": "x"}
         kv.validate(pod, "1.29", strict=True)
-    assert "Worker: note: each worker's node rank" in run.stderr
+        # Each pod the controller creates from the template: its sidecar's node is the
+        # node the controller numbers it (master 0, worker i -> i + 1), never a guess.
+        for index in range(replica.get("replicas", 1)):
+            ranks = sidecar_and_controller_ranks(template, replica_type, index)
+            assert ranks == (index + (replica_type == "Worker"),) * 2
+    assert "Worker: note: each worker's sidecar takes its node rank" in run.stderr
+
+
+def sidecar_and_controller_ranks(
+    template: dict[str, Any], replica_type: str, index: int
+) -> tuple[int, int]:
+    """The sidecar's node rank (env resolved as the kubelet would) and the controller's RANK."""
+    labels = {
+        **(template["metadata"].get("labels") or {}),
+        "training.kubeflow.org/replica-type": replica_type.lower(),
+        "training.kubeflow.org/replica-index": str(index),
+    }
+    pod = PodContext(metadata={**template["metadata"], "labels": labels}, spec={}, pod_ip="")
+    agent = template["spec"]["initContainers"][0]
+    secrets = ObjectStore(secrets={"team-a-s3": {}})
+    config = AgentConfig.from_env(container_env(agent, pod, secrets))
+    controller_rank = index + 1 if replica_type == "Worker" else 0  # training-operator v1.9
+    return config.node_rank, controller_rank
+
+
+def test_an_elastic_pytorchjob_is_not_injected_offline(tmp_path: Path) -> None:
+    """elasticPolicy: node count a range, ranks from the rendezvous: unchanged, reason given."""
+    source = documents((CLI_DIR / "pytorchjob.in.yaml").read_text())
+    job = source[1]
+    job["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 4, "rdzvBackend": "c10d"}
+    run = jitckpt("inject", "-f", "-", stdin=documents_text(source))
+    assert run.returncode == 0, run.stderr
+    assert documents(run.stdout)[1] == job
+    assert run.stderr.count("not injected (unknown-nodes)") == 2
 
 
 def test_trainjob_is_left_alone_and_says_why() -> None:
