@@ -5,15 +5,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional, Tuple
 
-from .layout import CHECKPOINT_PREFIX
-
-
-def step_of(name: str) -> Optional[int]:
-    """The step of a ``checkpoint-<step>`` name, or None for anything else."""
-    if not name.startswith(CHECKPOINT_PREFIX):
-        return None
-    digits = name[len(CHECKPOINT_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
+from .layout import step_of
 
 
 def list_checkpoints(directory: str) -> List[Tuple[int, str]]:

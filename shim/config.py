@@ -92,10 +92,7 @@ class ShimConfig:
         """Seconds torchrun should wait for its workers, or None without a grace period."""
         if self.grace_seconds is None:
             return None
-        # The margin the webhook uses for TORCH_ELASTIC_SHUTDOWN_TIMEOUT: the launcher's
-        # SIGKILL comes before the kubelet's and the sidecar still has time to upload.
-        margin = min(30, max(5, self.grace_seconds // 10))
-        return max(1, self.grace_seconds - margin)
+        return layout.shutdown_timeout(self.grace_seconds)
 
 
 def from_env(env: Optional[Mapping[str, str]] = None) -> Optional[ShimConfig]:

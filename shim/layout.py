@@ -6,6 +6,12 @@ library and must be importable on its own inside the user's Python; the webhook
 and the sidecar import this module rather than repeating the strings.
 """
 
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
 # Volumes the webhook mounts into the trainer and the sidecar.
 LOCAL_DIR = "/mnt/jitckpt"  # jitckpt-local: checkpoints, staging
 RUN_DIR = "/var/run/jitckpt"  # jitckpt-run (Memory): socket, pid files
@@ -25,6 +31,10 @@ MANIFEST_DIR = ".jitckpt"  # <root>/checkpoint-<step>/.jitckpt/node-<k>.json
 
 # Exit code of a trainer after a JIT save: 128 + SIGTERM, never success.
 JIT_EXIT_CODE = 143
+
+# The sidecar's container name (native init container or legacy run container),
+# also the component its Events and log lines name.
+AGENT_CONTAINER = "jitckpt-agent"
 
 # Trainer container environment (set by the webhook, read by the shim).
 ENV_DIR = "JITCKPT_DIR"
@@ -64,3 +74,28 @@ ENV_MODE = "JITCKPT_MODE"  # "native" or "legacy"
 ENV_PVC_MOUNT = "JITCKPT_PVC_MOUNT"  # where the claim of pvc:// is mounted
 
 STATUS_PORT = 8471
+
+
+def step_of(name: str) -> Optional[int]:
+    """The step of a name that is exactly ``checkpoint-<step>``, else None.
+
+    Only the canonical spelling counts (ASCII digits, no sign, no leading zero),
+    so a name read from a directory or a store maps to one step and back.
+    """
+    if not name.startswith(CHECKPOINT_PREFIX):
+        return None
+    digits = name[len(CHECKPOINT_PREFIX) :]
+    if not (digits.isascii() and digits.isdigit()) or str(int(digits)) != digits:
+        return None
+    return int(digits)
+
+
+def shutdown_timeout(grace_seconds: int) -> int:
+    """torchrun's budget for its workers' exit (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``).
+
+    The grace period minus a margin (a tenth, 5 to 30 s), so that the launcher's
+    SIGKILL comes before the kubelet's and the sidecar still has time to upload.
+    The webhook writes it into the pod; the shim applies it where torch ignores the env.
+    """
+    margin = min(30, max(5, grace_seconds // 10))
+    return max(1, grace_seconds - margin)

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 
+from .layout import JIT_EXIT_CODE
 from .log import failed, say
 
 TYPE_CHECKING = False
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Optional, Type
 
-SIGTERM_EXIT = 128 + int(signal.SIGTERM)
 # Where this torch defines the two exceptions (looked up, never imported here).
 SIGNAL_EXCEPTION_MODULE = "torch.distributed.elastic.multiprocessing.api"
 CHILD_FAILED_MODULE = "torch.distributed.elastic.multiprocessing.errors"
@@ -51,7 +51,7 @@ def is_sigterm_stop(error: BaseException) -> bool:
     failures = getattr(error, "failures", None)
     if not isinstance(failures, dict) or not failures:
         return False
-    stopped = (SIGTERM_EXIT, -int(signal.SIGTERM))
+    stopped = (JIT_EXIT_CODE, -int(signal.SIGTERM))
     return all(getattr(failure, "exitcode", None) in stopped for failure in failures.values())
 
 
@@ -63,7 +63,7 @@ def _exit_as_terminated() -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):  # a closed stream must not change the status
                 stream.flush()
-        os._exit(SIGTERM_EXIT)
+        os._exit(JIT_EXIT_CODE)
 
 
 def install() -> None:
@@ -80,7 +80,10 @@ def install() -> None:
             failed("reading torchrun's exit", exc)
             return
         if stop:
-            say("the launcher stopped by SIGTERM (JIT stop, not a crash): exiting with 143")
+            say(
+                "the launcher stopped by SIGTERM (JIT stop, not a crash): exiting with %d"
+                % JIT_EXIT_CODE
+            )
             _exit_as_terminated()
 
     sys.excepthook = excepthook

@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from shim import layout
+
 log = logging.getLogger(__name__)
 
 ANNOTATION = "jitckpt.io/last-checkpoint"  # on the pod: the newest committed checkpoint
-COMPONENT = "jitckpt-agent"
+COMPONENT = layout.AGENT_CONTAINER
 RESTORED = "Restored"
 SAVED = "CheckpointSaved"
 UPLOADED = "CheckpointUploaded"

@@ -15,7 +15,6 @@ from pydantic import BaseModel, Field
 from shim import layout
 
 MANIFEST_VERSION = 1
-_STEP_DIR = re.compile(re.escape(layout.CHECKPOINT_PREFIX) + r"(\d+)$")
 _NODE_FILE = re.compile(r"node-(\d+)\.json$")
 
 
@@ -56,12 +55,6 @@ def manifest_key(step: int, node_rank: int) -> str:
 
 def file_key(step: int, path: str) -> str:
     return f"{checkpoint_dir(step)}/{path}"
-
-
-def step_of(directory: str) -> int | None:
-    """The step of a ``checkpoint-<step>`` directory name, else None."""
-    match = _STEP_DIR.match(directory)
-    return int(match.group(1)) if match else None
 
 
 def node_of(name: str) -> int | None:

@@ -74,7 +74,7 @@ def group_by_step(objects: list[ObjectInfo]) -> dict[int, list[ObjectInfo]]:
     groups: dict[int, list[ObjectInfo]] = defaultdict(list)
     for obj in objects:
         top, _, rest = obj.key.partition("/")
-        step = mf.step_of(top)
+        step = layout.step_of(top)
         if step is not None and rest:
             groups[step].append(obj)
     return groups

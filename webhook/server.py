@@ -47,6 +47,8 @@ from webhook.metrics import AdmissionMetrics
 from webhook.mutate import (
     SKIP_ALREADY_INJECTED,
     SKIP_INVALID_SETTING,
+    SKIP_NAMESPACE_UNKNOWN,
+    SKIP_NOT_CREATE,
     SKIP_NOT_TRAINER,
     MutationResult,
     NamespaceInfo,
@@ -128,12 +130,13 @@ class AdmissionHandler:
 
     async def _review(self, req: PodRequest) -> tuple[int, dict[str, Any]]:
         if req.operation != "CREATE":
-            return self._skipped(req, "not-create", f"operation {req.operation} is not reviewed")
+            message = f"operation {req.operation} is not reviewed"
+            return self._skipped(req, SKIP_NOT_CREATE, message)
         namespace = await self._namespace(req.namespace)
         if namespace is None:
             return self._skipped(
                 req,
-                "namespace-unknown",
+                SKIP_NAMESPACE_UNKNOWN,
                 f"jitckpt: namespace {req.namespace} is not known to the webhook yet; "
                 "pod admitted without checkpointing",
                 warn=True,

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from shim import layout
 from webhook.settings import STATUS_KEY
 
-AGENT = "jitckpt-agent"  # the sidecar (native) or the legacy run container
+AGENT = layout.AGENT_CONTAINER  # the sidecar (native) or the legacy run container
 RESTORE = "jitckpt-restore"  # the legacy restore init container
 VOL_LOCAL = "jitckpt-local"
 VOL_RUN = "jitckpt-run"
