@@ -283,9 +283,8 @@ class Agent:
         )
         termination.write(self.termination_log, termination.message(self.state, []))
         await asyncio.to_thread(staging.release, self.config.staging_dir, job)
-        annotation: dict[str, object] = {"step": job.step, "kind": job.kind, "uri": uri}
         text = f"checkpoint-{job.step} ({job.kind}, {result.size} bytes) committed to {uri}"
-        self._spawn(self.events.post(events.UPLOADED, text, annotation))
+        self._spawn(self.events.post(events.UPLOADED, text))
         if job.kind == protocol.KIND_JIT:
             self._spawn(self.events.post(events.JIT, text))
         if self.config.retention and self.config.node_rank == 0:

@@ -1,4 +1,4 @@
-"""Kubernetes Events and a pod annotation, when the pod's service account may post them.
+"""Kubernetes Events, when the pod's service account may post them.
 
 Reasons: ``Restored``, ``CheckpointSaved`` (a checkpoint was staged),
 ``CheckpointUploaded`` (committed), ``JITCheckpoint`` (the JIT one committed).
@@ -6,12 +6,15 @@ Posting needs the in-cluster config and RBAC (the ClusterRole
 ``jitckpt-reporter``); without either, the first attempt logs one line saying
 why and every later one is skipped quietly. The termination message carries
 the essentials without any RBAC.
+
+Creating Events is all the sidecar asks of the API: its service account is
+the trainer's too, so anything more (patching its own pod, say) would be
+granted to untrusted training code as well.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -22,7 +25,6 @@ from shim import layout
 
 log = logging.getLogger(__name__)
 
-ANNOTATION = "jitckpt.io/last-checkpoint"  # on the pod: the newest committed checkpoint
 COMPONENT = layout.AGENT_CONTAINER
 RESTORED = "Restored"
 SAVED = "CheckpointSaved"
@@ -61,7 +63,7 @@ class EventPoster:
         self._api = client.CoreV1Api()
         return self._api
 
-    def _post(self, reason: str, message: str, annotation: dict[str, object] | None) -> None:
+    def _post(self, reason: str, message: str) -> None:
         api = self._connect()
         if api is None:
             return
@@ -88,14 +90,6 @@ class EventPoster:
         }
         try:
             api.create_namespaced_event(self._namespace, body)
-            if annotation is not None:
-                patch = {"metadata": {"annotations": {ANNOTATION: json.dumps(annotation)}}}
-                api.patch_namespaced_pod(
-                    self._pod,
-                    self._namespace,
-                    patch,
-                    _content_type="application/merge-patch+json",  # a dict, not a JSON Patch
-                )
         except ApiException as exc:
             if exc.status in (401, 403):
                 self._disable(
@@ -107,10 +101,8 @@ class EventPoster:
         except Exception as exc:
             self._disable(f"API unreachable: {exc}")
 
-    async def post(
-        self, reason: str, message: str, annotation: dict[str, object] | None = None
-    ) -> None:
-        """Post one Event (and annotate the pod); never raises, never blocks the loop."""
+    async def post(self, reason: str, message: str) -> None:
+        """Post one Event; never raises, never blocks the loop."""
         if self.disabled_reason is not None:
             return
-        await asyncio.to_thread(self._post, reason, message, annotation)
+        await asyncio.to_thread(self._post, reason, message)
