@@ -299,7 +299,7 @@ def test_commands_of_another_part_say_so(
         "sys.exit(main(sys.argv[1:]))\n"
     )
     own = next(n for n, (m, _) in _commands().items() if m.startswith(image.part + "."))
-    argv = [sys.executable, "-c", run]
+    argv = [sys.executable, "-I", "-c", run]  # -I: no PYTHONPATH, no current directory
     done = subprocess.run(
         [*argv, own, "--help"],
         check=False,
