@@ -43,6 +43,9 @@ from .staging import stage
 HOLD_POLL_SECONDS = 0.05
 # A demo that never sends the SIGTERM must not hang the run: train on after this.
 HOLD_TIMEOUT_SECONDS = 300.0
+# The held step is reported again this often: a rate-limited report of an earlier
+# step, still on its way on the progress connection, may land after the first one.
+HOLD_REPORT_SECONDS = 1.0
 # Values of the hold agreement (all-reduce MAX): nothing yet, give up, SIGTERM came.
 _HOLD_WAIT, _HOLD_GIVE_UP, _HOLD_STOP = 0, 1, 2
 
@@ -136,8 +139,7 @@ class TrainingRun:
             return False
         if self.hold_at_step is not None and step >= self.hold_at_step and not self._held:
             self._held = True
-            self.process.link.final_progress(step, max_steps, epoch)
-            stop = self._hold(step)
+            stop = self._hold(step, max_steps, epoch)
         else:
             self.process.link.progress(step, max_steps, epoch)
             stop = self.stop_agreed()
@@ -146,11 +148,18 @@ class TrainingRun:
             say("stopping at step %d for a JIT checkpoint" % step)
         return stop
 
-    def _hold(self, step: int) -> bool:
-        """Demo only: wait at ``step`` until some rank got SIGTERM (every rank in lockstep)."""
+    def _hold(self, step: int, max_steps: int, epoch: float) -> bool:
+        """Demo only: wait at ``step`` until some rank got SIGTERM (every rank in lockstep).
+
+        The step is reported at once (not rate-limited), which is what the demo waits for.
+        """
         say("holding at step %d until the demo's SIGTERM arrives" % step)
         deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
+        next_report = time.monotonic()
         while True:
+            if time.monotonic() >= next_report:
+                self.process.link.final_progress(step, max_steps, epoch)
+                next_report = time.monotonic() + HOLD_REPORT_SECONDS
             if FLAG.raised:
                 mine = _HOLD_STOP
             elif time.monotonic() > deadline:

@@ -2,8 +2,9 @@
 
 With no arguments: the bundled tiny HF Trainer script on two nodes, an
 embedded S3 server, SIGTERM mid-run, resume, and a bitwise comparison with a
-run never interrupted. ``--script`` runs your own script instead (it becomes
-the trainer container's ``torchrun`` command in generated PyTorchJob pods).
+run never interrupted. ``--script`` runs your own, unchanged script instead
+(it becomes the trainer container's ``torchrun`` command in generated
+PyTorchJob pods, or TrainJob ``node`` pods with ``--kind trainjob``).
 Only the standard library is imported here; the run itself imports the rest.
 """
 
@@ -20,7 +21,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnodes", type=int, default=2, help="pods, one per node (default 2)")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per pod")
     parser.add_argument(
-        "--preempt-at-step", type=int, default=12, help="SIGTERM once training reaches this step"
+        "--kind",
+        choices=("pytorchjob", "trainjob"),
+        default="pytorchjob",
+        help="the pods of a PyTorchJob (training-operator v1) or of a TrainJob (Trainer v2)",
+    )
+    parser.add_argument(
+        "--preempt-at-step",
+        type=int,
+        default=12,
+        help="SIGTERM at this step (the demo's pods hold there until it arrives)",
     )
     parser.add_argument(
         "--preempt-nodes",
@@ -36,8 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare",
         action="store_true",
-        help="also run uninterrupted and compare final weights bitwise (always on without "
-        "--script; your script must accept --final-weights PATH and torch.save its state dict)",
+        help="also run uninterrupted and compare the final weights bitwise (always on without "
+        "--script; the shim captures the weights, the script needs nothing for it)",
     )
     parser.add_argument("--sidecar-mode", choices=("native", "legacy"), default="native")
     parser.add_argument(
@@ -60,6 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from local.demo.jobpods import KINDS
     from local.demo.jobrun import JobError
     from local.demo.scenario import DemoOptions, run_demo
     from local.podrunner import SpecError
@@ -87,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         nproc_per_node=args.nproc_per_node,
         preempt_at_step=args.preempt_at_step,
         preempt_nodes=args.preempt_nodes,
+        kind={kind.lower(): kind for kind in KINDS}[args.kind],
         destination=args.destination,
         grace_period=args.grace_period,
         compare=args.compare or args.script is None,

@@ -14,14 +14,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from local.demo.jobpods import JobSpec, job_pods
+from local.demo.jobpods import JobSpec
+from local.demo.pytorchjob import replica_pod
+from local.demo.trainjob import node_pod
 from local.demo.watch import StatusPoller
 from local.podrunner import Node, Pod, PodEvent, PodResult
 from webhook.config import WebhookConfig
+from webhook.jobs import PYTORCHJOB
 from webhook.mutate import MutationResult, NamespaceInfo, mutate
+from webhook.status import AGENT
 
-TRAINER = "pytorch"
-AGENT = "jitckpt-agent"
+
+def job_pods(job: JobSpec) -> list[dict[str, Any]]:
+    """The trainer pods the job's controllers create, node rank 0 first."""
+    make = replica_pod if job.kind == PYTORCHJOB else node_pod
+    return [make(job, rank) for rank in range(job.nnodes)]
 
 
 class JobError(RuntimeError):
@@ -34,7 +41,6 @@ class JobRun:
     job: JobSpec
     namespace: NamespaceInfo
     config: WebhookConfig
-    inject: bool = True
     on_event: Callable[[PodEvent], None] | None = None
     on_status: Callable[[str, dict[str, Any]], None] | None = None
     mutations: list[MutationResult] = field(default_factory=list)
@@ -47,19 +53,15 @@ class JobRun:
 
     def start(self) -> JobRun:
         for generated in job_pods(self.job):
-            manifest = generated
-            if self.inject:
-                result = mutate(generated, self.namespace, self.config)
-                if not result.injected:
-                    raise JobError(f"the webhook did not inject {self.job.name}: {result.message}")
-                self.mutations.append(result)
-                manifest = result.pod
-            self.pods.append(Pod(self.node, manifest, on_event=self.on_event))
+            result = mutate(generated, self.namespace, self.config)
+            if not result.injected:
+                raise JobError(f"the webhook did not inject {self.job.name}: {result.message}")
+            self.mutations.append(result)
+            self.pods.append(Pod(self.node, result.pod, on_event=self.on_event))
         for pod in self.pods:
             pod.start()
-        if self.inject:
-            ips = {pod.name: pod.ip for pod in self.pods}
-            self.poller = StatusPoller(ips, on_update=self.on_status).start()
+        ips = {pod.name: pod.ip for pod in self.pods}
+        self.poller = StatusPoller(ips, on_update=self.on_status).start()
         return self
 
     @property
@@ -108,14 +110,25 @@ class JobRun:
         self.finished_at = time.time()
         return self.results
 
-    def exit_codes(self, container: str = TRAINER) -> list[int | None]:
-        return [result.exit_code(container) for result in self.results]
+    @property
+    def trainer(self) -> str:
+        """The trainer container's name (``pytorch`` or ``node``, by the job's kind)."""
+        return self.job.trainer_container
+
+    def exit_codes(self, container: str | None = None) -> list[int | None]:
+        return [result.exit_code(container or self.trainer) for result in self.results]
+
+    def trainer_logs(self) -> list[str]:
+        return [str(result.containers[self.trainer].log_path) for result in self.results]
 
     def messages(self, container: str = AGENT) -> list[str]:
         return [result.message(container) for result in self.results]
 
-    def restored(self) -> list[Any]:
-        """What each sidecar said it restored (``None``: nothing)."""
-        if self.poller is None:
-            return []
-        return [self.poller.latest.get(pod.name, {}).get("restored") for pod in self.pods]
+    def max_steps(self) -> int | None:
+        """The run's total steps as the trainers reported them (None: never reported)."""
+        reported = {
+            (doc.get("progress") or {}).get("max_steps")
+            for doc in (self.poller.latest.values() if self.poller else [])
+        }
+        steps = [s for s in reported if isinstance(s, int) and s > 0]
+        return max(steps) if steps else None

@@ -12,31 +12,10 @@ only waits for that DNS name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-JOB_LABEL = "training.kubeflow.org/job-name"
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What a user writes in a PyTorchJob, reduced to what the pods need."""
-
-    name: str
-    namespace: str
-    nnodes: int
-    nproc_per_node: int
-    command: Sequence[str]
-    master_port: int
-    image: str = "local/trainer:latest"
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    labels: Mapping[str, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-
-
-def _env(name: str, value: object) -> dict[str, str]:
-    return {"name": name, "value": str(value)}
+from local.demo.jobpods import JobSpec, env_entry, owner_reference, trainer_container
+from webhook.jobs import PT_JOB_NAME
 
 
 def replica_pod(job: JobSpec, node_rank: int) -> dict[str, Any]:
@@ -44,24 +23,23 @@ def replica_pod(job: JobSpec, node_rank: int) -> dict[str, Any]:
     kind, index = ("master", 0) if node_rank == 0 else ("worker", node_rank - 1)
     labels = {
         "training.kubeflow.org/operator-name": "pytorchjob-controller",
-        JOB_LABEL: job.name,
+        PT_JOB_NAME: job.name,
         "training.kubeflow.org/replica-type": kind,
         "training.kubeflow.org/replica-index": str(index),
         **({"training.kubeflow.org/job-role": "master"} if node_rank == 0 else {}),
         **job.labels,
     }
     env = [
-        _env("PYTHONUNBUFFERED", "1"),
-        _env("MASTER_PORT", job.master_port),
-        _env("PET_MASTER_PORT", job.master_port),
-        _env("MASTER_ADDR", "127.0.0.1"),
-        _env("PET_MASTER_ADDR", "127.0.0.1"),
-        _env("WORLD_SIZE", job.nnodes * job.nproc_per_node),
-        _env("RANK", node_rank),
-        _env("PET_NODE_RANK", node_rank),
-        _env("PET_NPROC_PER_NODE", job.nproc_per_node),
-        _env("PET_NNODES", job.nnodes),
-        *(_env(k, v) for k, v in job.env.items()),
+        env_entry("PYTHONUNBUFFERED", "1"),
+        env_entry("MASTER_PORT", job.master_port),
+        env_entry("PET_MASTER_PORT", job.master_port),
+        env_entry("MASTER_ADDR", "127.0.0.1"),
+        env_entry("PET_MASTER_ADDR", "127.0.0.1"),
+        env_entry("WORLD_SIZE", job.nnodes * job.nproc_per_node),
+        env_entry("RANK", node_rank),
+        env_entry("PET_NODE_RANK", node_rank),
+        env_entry("PET_NPROC_PER_NODE", job.nproc_per_node),
+        env_entry("PET_NNODES", job.nnodes),
     ]
     return {
         "apiVersion": "v1",
@@ -71,34 +49,10 @@ def replica_pod(job: JobSpec, node_rank: int) -> dict[str, Any]:
             "namespace": job.namespace,
             "labels": labels,
             "annotations": dict(job.annotations),
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubeflow.org/v1",
-                    "kind": "PyTorchJob",
-                    "name": job.name,
-                    "uid": f"{job.name}-uid",
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [owner_reference("kubeflow.org/v1", "PyTorchJob", job.name)],
         },
         "spec": {
             "restartPolicy": "OnFailure",
-            "containers": [
-                {
-                    "name": "pytorch",
-                    "image": job.image,
-                    "command": list(job.command),
-                    "ports": [{"name": "pytorchjob-port", "containerPort": job.master_port}],
-                    "env": env,
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                }
-            ],
+            "containers": [trainer_container(job, node_rank, env, "pytorchjob-port")],
         },
     }
-
-
-def job_pods(job: JobSpec) -> list[dict[str, Any]]:
-    """Every replica pod of the job, master first."""
-    return [replica_pod(job, rank) for rank in range(job.nnodes)]

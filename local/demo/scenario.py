@@ -1,15 +1,27 @@
 """The demo's story: run, preempt at step K, resume, compare with a run never preempted.
 
-Every pod is a PyTorchJob pod as the training-operator creates it, injected by
+Every pod is a PyTorchJob pod as the training-operator creates it (or a
+TrainJob ``node`` pod as Trainer v2 and JobSet create it), injected by
 ``mutate()`` and run by the pod runner. The summary it returns is the
 ``--json`` document; ``ok`` is true only when every part of it says success.
+
+Two env vars go into the trainer container of the demo's own pods, as a
+user's env would (the webhook never sets them); the shim reads them:
+
+- run 1 gets ``JITCKPT_DEMO_HOLD_AT_STEP=K``: its ranks hold at step K until
+  the SIGTERM arrives, so the JIT checkpoint is at K however fast the script
+  trains. Only the timing differs from production, never what is saved.
+- with ``--compare``, the resumed run and the uninterrupted one (a job of its
+  own name, injected too, never preempted) get ``JITCKPT_DEMO_FINAL_WEIGHTS``:
+  rank 0's shim writes the trained model's state dict there at the normal end
+  of training, so the script needs no flag for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
+import secrets
 import shutil
 import sys
 import tempfile
@@ -21,19 +33,20 @@ from typing import IO, Any
 
 from local.demo.destination import Destination
 from local.demo.jobpods import JobSpec
-from local.demo.jobrun import AGENT, TRAINER, JobRun
+from local.demo.jobrun import JobRun
 from local.demo.narrate import Narrator
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
 from local.podrunner import Node, ObjectStore
 from local.s3server import free_port
+from shim.layout import ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
 from webhook.config import WebhookConfig
 from webhook.injection import job_root
+from webhook.jobs import PYTORCHJOB
 from webhook.mutate import NamespaceInfo
 
 BUNDLED_SCRIPT = Path(__file__).with_name("train_tiny.py")
 NAMESPACE = "jitckpt-demo"
-JIT_EXIT_CODE = 143
 # What the "image" brings: offline HF, one BLAS thread per process on a small machine.
 IMAGE_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -46,13 +59,15 @@ class DemoOptions:
     nproc_per_node: int = 1
     preempt_at_step: int = 12
     preempt_nodes: str = "all"  # "all" or "one" (the last node)
+    kind: str = PYTORCHJOB  # or TRAINJOB: the pods of that kind of Kubeflow job
     destination: str | None = None  # None: the embedded S3 server
     grace_period: int = 60
     compare: bool = True
     sidecar_mode: str = "native"
     max_steps: int = 30  # bundled script only
-    step_sleep: float = 0.15  # bundled script only, first run: time to preempt mid-run
-    job_name: str = "tiny"
+    # Its own name per demo: a destination that outlives the demo (the user's
+    # bucket) must not hand an earlier demo's checkpoints to this one.
+    job_name: str = field(default_factory=lambda: f"demo-{secrets.token_hex(3)}")
     workdir: Path | None = None
     keep: bool = False
     stream_logs: bool = False
@@ -74,26 +89,31 @@ class Scenario:
     def bundled(self) -> bool:
         return self.options.script is None
 
-    def command(self, run: str, *, final_weights: Path | None, slow: bool) -> list[str]:
+    def command(self, run: str) -> list[str]:
+        """The trainer container's command: torchrun reads the node layout from PET_* env."""
         script = self.options.script or BUNDLED_SCRIPT
         args = list(self.options.script_args)
         if self.bundled:
             args += ["--output-dir", str(self.workdir / "output" / run)]
             args += ["--max-steps", str(self.options.max_steps)]
-            if slow:
-                args += ["--step-sleep", str(self.options.step_sleep)]
-        if final_weights is not None:
-            args += ["--final-weights", str(final_weights)]
         return ["torchrun", str(script), *args]
 
-    def job(self, name: str, command: list[str]) -> JobSpec:
+    def job(self, run: str, name: str, env: dict[str, str]) -> JobSpec:
+        """Job ``name`` for ``run``; each of its pods starts in a working directory of its own."""
+        o = self.options
+        dirs = [self.workdir / "work" / run / f"node-{rank}" for rank in range(o.nnodes)]
+        for directory in dirs:
+            directory.mkdir(parents=True, exist_ok=True)
         return JobSpec(
             name=name,
             namespace=NAMESPACE,
-            nnodes=self.options.nnodes,
-            nproc_per_node=self.options.nproc_per_node,
-            command=command,
+            nnodes=o.nnodes,
+            nproc_per_node=o.nproc_per_node,
+            command=self.command(run),
             master_port=free_port(),
+            kind=o.kind,
+            env=env,
+            working_dirs=[str(d) for d in dirs],
         )
 
     @property
@@ -109,15 +129,15 @@ class Scenario:
         }
         return NamespaceInfo(NAMESPACE, {"jitckpt.io/injection": "enabled"}, annotations)
 
-    def run(self, job: JobSpec, inject: bool = True) -> JobRun:
+    def run(self, job: JobSpec, narrate_status: bool = True) -> JobRun:
+        """Job ``job``'s pods, injected; its sidecars' status narrated unless told otherwise."""
         run = JobRun(
             self.node,
             job,
             self.namespace(),
             WebhookConfig(),
-            inject=inject,
             on_event=self.narrator.pod_event,
-            on_status=self.narrator.status,
+            on_status=self.narrator.status if narrate_status else None,
         )
         self.runs.append(run)
         return run
@@ -195,14 +215,15 @@ class FirstRun:
 
 
 def start_reference(s: Scenario, weights: Path) -> JobRun:
-    """The same job never preempted and never injected: what resuming must reproduce.
+    """The same job never preempted: what resuming must reproduce.
 
-    It shares nothing with the injected job (its own name, port and pods), so it
-    runs alongside it."""
-    o = s.options
-    s.narrator.say(f"uninterrupted run (job {o.job_name}-reference, no injection): starting")
-    command = s.command("reference", final_weights=weights, slow=False)
-    return s.run(s.job(f"{o.job_name}-reference", command), inject=False).start()
+    It is injected like the others (the shim writes its final weights), under a
+    name of its own: its own job root, port and pods, so it runs alongside the
+    preempted job and restores nothing of it."""
+    name = f"{s.options.job_name}-reference"
+    s.narrator.say(f"uninterrupted run (job {name}, never preempted): starting")
+    job = s.job("reference", name, {ENV_DEMO_FINAL_WEIGHTS: str(weights)})
+    return s.run(job, narrate_status=False).start()  # its progress would read as run 1's
 
 
 def finish_reference(s: Scenario, reference: JobRun) -> JobRun:
@@ -218,7 +239,8 @@ def reference_run(s: Scenario, weights: Path) -> JobRun:
 def start_first(s: Scenario) -> tuple[JobRun, CommitWatcher]:
     """Start run 1 (injected) with a watcher on the store; say what was injected."""
     o, say = s.options, s.narrator.say
-    first = s.run(s.job(o.job_name, s.command("run-1", final_weights=None, slow=True)))
+    hold = {ENV_DEMO_HOLD_AT_STEP: str(o.preempt_at_step)}
+    first = s.run(s.job("run-1", o.job_name, hold))
     watcher = CommitWatcher(lambda: s.destination.open_store(s.job_root, s.node), 0.1).start()
     first.start()
     mutation = first.mutations[0]
@@ -240,8 +262,9 @@ def preempt(s: Scenario, first: JobRun) -> None:
     targets = [p.name for p in first.pods] if ranks is None else [first.pods[-1].name]
     first.preempt(ranks)
     s.narrator.say(
-        f"step {first.preempted_at_step} reached: preempting {', '.join(targets)} "
-        f"(preStop hook, then SIGTERM; grace period {first.pods[0].grace_seconds:g} s)"
+        f"step {first.preempted_at_step} reached (the demo's pods hold there until SIGTERM): "
+        f"preempting {', '.join(targets)} (preStop hook, then SIGTERM; grace period "
+        f"{first.pods[0].grace_seconds:g} s)"
     )
 
 
@@ -251,7 +274,7 @@ def finish_first(s: Scenario, first: JobRun, watcher: CommitWatcher) -> FirstRun
     first.wait(s.options.grace_period + 60)
     watcher.stop()
     assert first.sigterm_at is not None and first.finished_at is not None
-    docs = [_termination_doc(m) for m in first.messages(AGENT)]
+    docs = [_termination_doc(m) for m in first.messages()]
     jit_steps = [
         (d.get("last_committed") or {}).get("step")
         for d in docs
@@ -289,15 +312,15 @@ def resume(s: Scenario, final_weights: Path | None) -> JobRun:
     s.narrator.say(
         f"run 2: new pods for job {o.job_name} (fresh local volumes); the sidecars restore first"
     )
-    command = s.command("run-2", final_weights=final_weights, slow=False)
-    second = s.run(s.job(o.job_name, command)).start()
+    env = {ENV_DEMO_FINAL_WEIGHTS: str(final_weights)} if final_weights is not None else {}
+    second = s.run(s.job("run-2", o.job_name, env)).start()
     second.wait(o.timeout)
     return second
 
 
 def resumed_from(second: JobRun) -> int | None:
     """The step every sidecar of run 2 restored (None: none, or they disagree)."""
-    docs = [_termination_doc(m) for m in second.messages(AGENT)]
+    docs = [_termination_doc(m) for m in second.messages()]
     step = _same([d.get("restored_step") for d in docs])
     return step if isinstance(step, int) else None
 
@@ -308,7 +331,7 @@ def reported_last_step(run: JobRun) -> int | None:
     The sidecar's ``/status`` is polled and its progress reports are rate-limited,
     so both may miss the last step; the final report is sent as training ends.
     """
-    docs = [_termination_doc(m) for m in run.messages(AGENT)]
+    docs = [_termination_doc(m) for m in run.messages()]
     step = _same([d.get("last_step") for d in docs])
     return step if isinstance(step, int) else None
 
@@ -318,7 +341,7 @@ def story(s: Scenario) -> dict[str, Any]:
     script = o.script or BUNDLED_SCRIPT
     say(
         f"jitckpt demo: {o.nnodes} node(s) x {o.nproc_per_node} process(es) running "
-        f"`torchrun {script.name}`, checkpoints to {s.destination.description}"
+        f"`torchrun {script.name}` as {o.kind} pods, checkpoints to {s.destination.description}"
     )
     started = time.monotonic()
     reference_weights = o.reference_weights or s.workdir / "weights-uninterrupted.pt"
@@ -335,53 +358,47 @@ def story(s: Scenario) -> dict[str, Any]:
     second = resume(s, resumed_weights if o.compare else None)
     restored = resumed_from(second)
     final_codes = second.exit_codes()
-    final_step = _final_step(second) if s.bundled else reported_last_step(second)
+    final_step, max_steps = reported_last_step(second), second.max_steps()
     say(
-        f"run 2 finished at step {final_step}: resumed from step {restored}, "
-        f"trainer exit codes {final_codes}"
+        f"run 2 finished at step {final_step} of {max_steps or '?'}: resumed from step "
+        f"{restored}, trainer exit codes {final_codes}"
     )
-
     if reference is not None:
         finish_reference(s, reference)
-    equal: bool | None = None
-    if o.compare:
-        if resumed_weights.exists() and reference_weights.exists():
-            comparison = compare_files(resumed_weights, reference_weights)
-            equal = comparison.equal
-            detail = (
-                f"all {comparison.tensors} tensors bitwise equal"
-                if equal
-                else f"{len(comparison.differing)} of {comparison.tensors} tensors differ"
-            )
-        else:
-            equal, detail = False, "a final weights file is missing"
-        say(f"final weights, resumed vs uninterrupted: {detail}")
+    equal = compare(s, resumed_weights, reference_weights) if o.compare else None
 
     trainer_codes = first.exit_codes()
     jit_step = judged.jit_step
+    k = o.preempt_at_step
     checks = {
         "jit checkpoint committed": judged.committed_at is not None,
         # After a JIT save every trainer container (torchrun, its PID 1) exits 143: never
         # success, and retryable for a controller (1-127 would be a permanent failure).
-        "trainers exited 143 after the JIT save": bool(trainer_codes)
+        f"trainers exited {JIT_EXIT_CODE} after the JIT save": bool(trainer_codes)
         and all(c == JIT_EXIT_CODE for c in trainer_codes),
-        "jit step >= preemption step": jit_step is not None
-        and jit_step >= (first.preempted_at_step or 0),
+        f"jit checkpoint at step {k} or {k + 1}": jit_step in (k, k + 1),
         "resumed from the jit checkpoint": restored is not None and restored == jit_step,
-        "resumed run finished": all(c == 0 for c in final_codes)
-        and (not s.bundled or final_step == o.max_steps),
-        "equal to uninterrupted": equal is not False,
+        # The trainers' final progress report, for every script; the total when they said it.
+        "resumed run finished": bool(final_codes)
+        and all(c == 0 for c in final_codes)
+        and final_step is not None
+        and (max_steps is None or final_step == max_steps),
     }
+    if reference is not None:
+        checks["uninterrupted run finished"] = all(c == 0 for c in reference.exit_codes())
+    if o.compare:
+        checks["equal to uninterrupted"] = equal is True
     ok = all(checks.values())
     failed = [name for name, passed in checks.items() if not passed]
-    say(
-        "verdict: OK, preempted, saved just in time, resumed, same result"
-        if ok
-        else f"verdict: FAILED ({'; '.join(failed)}); logs in {s.workdir / 'node' / 'pods'}"
-    )
+    if ok:
+        same = ", same result as the uninterrupted run" if equal else ""
+        say(f"verdict: OK, preempted at step {k}, saved just in time, resumed{same}")
+    else:
+        say(f"verdict: FAILED ({'; '.join(failed)}); logs in {s.workdir / 'node' / 'pods'}")
     say(f"total {time.monotonic() - started:.1f} s")
     return {
         "ok": ok,
+        "kind": o.kind,
         "nnodes": o.nnodes,
         "nproc_per_node": o.nproc_per_node,
         "sidecar_mode": o.sidecar_mode,
@@ -393,26 +410,39 @@ def story(s: Scenario) -> dict[str, Any]:
         "trainer_exit_codes": trainer_codes,
         "resumed_from_step": restored,
         "final_step": final_step,
+        "max_steps": max_steps,
         "final_exit_codes": final_codes,
         "equal_to_uninterrupted": equal,
         "destination": s.job_root,
         "termination_messages": [d.get("message") for d in judged.docs],
-        "trainer_logs": {
-            "preempted": [str(r.containers[TRAINER].log_path) for r in first.results],
-            "resumed": [str(r.containers[TRAINER].log_path) for r in second.results],
-        },
+        "trainer_logs": {"preempted": first.trainer_logs(), "resumed": second.trainer_logs()},
         "failed_checks": failed,
         "seconds": round(time.monotonic() - started, 1),
     }
 
 
-def _final_step(run: JobRun) -> int | None:
-    """The step the bundled script says ``train()`` returned at (rank 0's log)."""
-    log = run.results[0].containers[TRAINER].log_path if run.results else None
-    if log is None or not log.exists():
-        return None
-    found = re.findall(rb"train\(\) returned at step (\d+)", log.read_bytes())
-    return int(found[-1]) if found else None
+def compare(s: Scenario, resumed: Path, reference: Path) -> bool:
+    """Whether the shim's final weights of both runs are bitwise equal (and say so)."""
+    missing = [
+        f"the {name} run's"
+        for name, path in (("resumed", resumed), ("uninterrupted", reference))
+        if not path.exists()
+    ]
+    if missing:
+        equal, detail = (
+            False,
+            (f"no final weights from {' and '.join(missing)} shim (did training end normally?)"),
+        )
+    else:
+        comparison = compare_files(resumed, reference)
+        equal = comparison.equal
+        detail = (
+            f"all {comparison.tensors} tensors bitwise equal"
+            if equal
+            else f"{len(comparison.differing)} of {comparison.tensors} tensors differ"
+        )
+    s.narrator.say(f"final weights, resumed vs uninterrupted: {detail}")
+    return equal
 
 
 def _trainer_env_names(spec: dict[str, Any]) -> list[str]:

@@ -32,7 +32,10 @@ def s3_bucket(local_s3: LocalS3, monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
-    """Final weights of a run never preempted nor injected, per node count (computed once)."""
+    """Final weights of a run never preempted, per node count (computed once).
+
+    The run is injected like the demo's own (the shim writes its final weights),
+    with a pvc:// destination of its own."""
     cache: dict[int, Path] = {}
 
     def weights(nnodes: int) -> Path:

@@ -8,18 +8,10 @@ from pathlib import Path
 SCRIPT = Path(__file__).with_name("scripts") / "train_listing.py"
 LISTING_PREFIX = "start listing: "
 MAX_STEPS = 30
-STEP_SLEEP = 0.15  # per step, in every run: slow enough to preempt at a chosen step
 
 
 def script_args(workdir: Path) -> list[str]:
-    return [
-        "--output-dir",
-        str(workdir / "out"),
-        "--max-steps",
-        str(MAX_STEPS),
-        "--step-sleep",
-        str(STEP_SLEEP),
-    ]
+    return ["--output-dir", str(workdir / "out"), "--max-steps", str(MAX_STEPS)]
 
 
 def start_listings(log: Path) -> list[list[str] | None]:

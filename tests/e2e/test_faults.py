@@ -33,6 +33,8 @@ from local.s3server import LocalS3
 from tests.support.faultproxy import FaultProxy
 
 PERIODIC = 5  # save-steps: the previous valid checkpoint the next run must fall back to
+# Run 1 holds here until its SIGTERM: after checkpoint-5, before the next periodic save.
+HOLD_AT = 7
 GRACE = 10  # the smallest grace period the webhook accepts
 SLOW_UPLOAD_S = 8.0  # how long the store holds one file of the periodic checkpoint
 
@@ -55,7 +57,7 @@ def proxy(
         yield running
 
 
-def scenario_options(tmp_path: Path, bucket: str, step_sleep: float) -> DemoOptions:
+def scenario_options(tmp_path: Path, bucket: str) -> DemoOptions:
     return DemoOptions(
         nnodes=1,
         destination=f"s3://{bucket}/faults",
@@ -63,7 +65,7 @@ def scenario_options(tmp_path: Path, bucket: str, step_sleep: float) -> DemoOpti
         settings={"save-steps": str(PERIODIC)},
         compare=False,
         max_steps=30,
-        step_sleep=step_sleep,
+        preempt_at_step=HOLD_AT,
         workdir=tmp_path,
         keep=True,
     )
@@ -78,8 +80,8 @@ def termination(scenario_doc: str) -> dict[str, object]:
 def test_grace_too_short_falls_back_and_says_by_how_much(
     proxy: FaultProxy, s3_bucket: str, tmp_path: Path
 ) -> None:
-    # Steps of 2 s: the slow periodic upload ends before the next periodic save.
-    options = scenario_options(tmp_path, s3_bucket, step_sleep=2.0)
+    # Run 1 holds at step 7: the slow periodic upload is the last one before the JIT save.
+    options = scenario_options(tmp_path, s3_bucket)
     with open_scenario(options, sys.stderr) as s:
         # The store is slow: checkpoint-5 takes SLOW_UPLOAD_S to upload, and the
         # sidecar measures that. Then it stops answering uploads at all.
@@ -115,7 +117,7 @@ def test_grace_too_short_falls_back_and_says_by_how_much(
 def test_sigkill_mid_upload_leaves_a_torn_checkpoint_never_loaded(
     proxy: FaultProxy, s3_bucket: str, tmp_path: Path
 ) -> None:
-    options = scenario_options(tmp_path, s3_bucket, step_sleep=0.4)
+    options = scenario_options(tmp_path, s3_bucket)
     with open_scenario(options, sys.stderr) as s:
         first, watcher = start_first(s)
         wait_for(lambda: PERIODIC in watcher.valid_at, 120, f"checkpoint-{PERIODIC} committed")
