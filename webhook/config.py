@@ -12,7 +12,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from webhook import settings
 
@@ -38,6 +45,9 @@ class WebhookConfig(BaseModel):
     sidecar_user_id: int = Field(default=65532, ge=1, le=2**31 - 1)
     webhook_namespace: str = DEFAULT_WEBHOOK_NAMESPACE
     invalid_setting_policy: Literal["admit", "deny"] = "admit"
+    # Whether any pod may set jitckpt.io/verify-ssl: "false" (a store with a self-signed
+    # certificate); forbidden by default: checkpoints would travel unauthenticated.
+    allow_insecure_tls: bool = False
 
     @field_validator("defaults", mode="before")
     @classmethod
@@ -70,6 +80,15 @@ class WebhookConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return value
+
+    @model_validator(mode="after")
+    def _tls_defaults_allowed(self) -> WebhookConfig:
+        if self.defaults.get("verify-ssl") == "false" and not self.allow_insecure_tls:
+            raise ValueError(
+                "defaults.verify-ssl is false while allow_insecure_tls is false: set "
+                "allow_insecure_tls: true to let pods turn off the store's TLS checks"
+            )
+        return self
 
     @field_validator("sidecar_image")
     @classmethod

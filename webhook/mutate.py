@@ -153,7 +153,10 @@ def mutate(
         )
 
     resolution = settings.resolve(
-        config.defaults, _strings(dict(namespace.annotations)), annotations
+        config.defaults,
+        _strings(dict(namespace.annotations)),
+        annotations,
+        allow_insecure_tls=config.allow_insecure_tls,
     )
     errors += resolution.errors
     if errors:

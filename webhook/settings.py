@@ -265,12 +265,45 @@ def _from_annotations(annotations: Mapping[str, str], source: str, out: Resoluti
         out.sources[name] = source
 
 
+# The webhook config's switch ``allow_insecure_tls`` (webhook/config.py) over ``verify-ssl``.
+INSECURE_TLS_RULE = (
+    "must be true: this cluster's webhook configuration forbids turning off the store's "
+    "TLS certificate checks (allow_insecure_tls: false)"
+)
+_SOURCE_WORDS = {
+    SOURCE_CLUSTER: "cluster defaults",
+    SOURCE_NAMESPACE: "namespace annotation",
+    SOURCE_POD: "pod annotation",
+}
+
+
+def _tls_policy(out: Resolution, allow_insecure_tls: bool) -> None:
+    """``verify-ssl=false``: an error where the cluster forbids it, else a warning."""
+    if out.values.get("verify-ssl") != "false":
+        return
+    source = _SOURCE_WORDS.get(out.sources["verify-ssl"], out.sources["verify-ssl"])
+    key = SETTINGS["verify-ssl"].key
+    if not allow_insecure_tls:
+        out.errors.append(SettingError(key, "false", INSECURE_TLS_RULE, source))
+        return
+    out.warnings.append(
+        f'{key}="false" (from {source}): the sidecar does not check the store\'s TLS '
+        "certificate, so anyone on the network path to the store can read and change "
+        "checkpoints"
+    )
+
+
 def resolve(
     cluster_defaults: Mapping[str, str],
     namespace_annotations: Mapping[str, str],
     pod_annotations: Mapping[str, str],
+    *,
+    allow_insecure_tls: bool,
 ) -> Resolution:
-    """Apply precedence and validate every value that takes part."""
+    """Apply precedence and validate every value that takes part.
+
+    ``allow_insecure_tls`` is the cluster's say over ``verify-ssl=false``.
+    """
     out = Resolution(values={}, sources={})
     for setting in _SETTINGS:
         if setting.default is not None:
@@ -285,6 +318,7 @@ def resolve(
         out.sources[name] = SOURCE_CLUSTER
     _from_annotations(namespace_annotations, SOURCE_NAMESPACE, out)
     _from_annotations(pod_annotations, SOURCE_POD, out)
+    _tls_policy(out, allow_insecure_tls)
     return out
 
 

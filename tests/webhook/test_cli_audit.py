@@ -54,7 +54,8 @@ def test_differences_ignores_defaults_and_equal_quantities() -> None:
 
 def test_clean_live_pod_has_no_drift() -> None:
     pod = as_live(injected("all-settings"))
-    row = audit_pod(pod, CASES["all-settings"].namespace, WebhookConfig())
+    case = CASES["all-settings"]
+    row = audit_pod(pod, case.namespace, case.config)
     assert row.injected and row.drift == [], row.notes
     assert row.destination == "s3://other-bucket/exp/2026/team-a/gpt-small"
     assert row.secret == "other-s3" and row.grace_period_seconds == 1200
@@ -144,3 +145,11 @@ def test_cli_reads_json_lists_and_flags_unverifiable_pods(tmp_path: Path) -> Non
     assert run.returncode == 0, run.stderr
     (row,) = json.loads(run.stdout)
     assert row["injected"] is True and row["drift"] == ["unverifiable"]
+
+
+def test_a_pod_with_tls_checks_off_drifts_once_the_cluster_forbids_it() -> None:
+    """``allow_insecure_tls`` turned off: the audit names the pods that still run without."""
+    pod = as_live(injected("all-settings"))
+    row = audit_pod(pod, CASES["all-settings"].namespace, WebhookConfig())
+    assert row.drift == ["config"]
+    assert any("allow_insecure_tls" in note for note in row.notes), row.notes

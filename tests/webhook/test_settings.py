@@ -94,7 +94,7 @@ def test_precedence_cluster_namespace_pod() -> None:
     cluster = {"destination": "s3://cluster-bucket", "s3-retention": "1", "jit": "false"}
     namespace = {"jitckpt.io/destination": "s3://ns-bucket", "jitckpt.io/s3-retention": "2"}
     pod = {"jitckpt.io/s3-retention": "3", "other.io/x": "y"}
-    result = settings.resolve(cluster, namespace, pod)
+    result = settings.resolve(cluster, namespace, pod, allow_insecure_tls=False)
     assert result.errors == []
     assert result.values["destination"] == "s3://ns-bucket"
     assert result.sources["destination"] == "namespace"
@@ -112,6 +112,7 @@ def test_resolve_reports_every_invalid_value_and_warns_on_unknown_keys() -> None
         {},
         {"jitckpt.io/save-steps": "zero"},
         {"jitckpt.io/grace-period-seconds": "5", "jitckpt.io/destinaton": "s3://x"},
+        allow_insecure_tls=False,
     )
     assert {e.key for e in result.errors} == {
         "jitckpt.io/save-steps",
@@ -180,3 +181,40 @@ def test_env_expansion_in_cluster_defaults_stops_the_config(tmp_path: Path) -> N
     path.write_text("defaults:\n  destination: s3://ml-checkpoints/$(AWS_SECRET_ACCESS_KEY)\n")
     with pytest.raises(ConfigError, match=r"must not contain '\$\('"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "namespace", "pod", "source"),
+    [
+        ({}, {}, {"jitckpt.io/verify-ssl": "false"}, "pod annotation"),
+        ({}, {"jitckpt.io/verify-ssl": "false"}, {}, "namespace annotation"),
+        ({"verify-ssl": "false"}, {}, {}, "cluster defaults"),
+    ],
+)
+def test_verify_ssl_false_is_forbidden_unless_the_cluster_allows_it(
+    cluster: dict[str, str], namespace: dict[str, str], pod: dict[str, str], source: str
+) -> None:
+    forbidden = settings.resolve(cluster, namespace, pod, allow_insecure_tls=False)
+    (error,) = forbidden.errors
+    assert (error.key, error.rule, error.source) == (
+        "jitckpt.io/verify-ssl",
+        settings.INSECURE_TLS_RULE,
+        source,
+    )
+    allowed = settings.resolve(cluster, namespace, pod, allow_insecure_tls=True)
+    assert allowed.errors == [] and allowed.values["verify-ssl"] == "false"
+    (warning,) = allowed.warnings
+    assert f"(from {source})" in warning and "TLS certificate" in warning
+    # verify-ssl=true (or the default) is neither an error nor a warning.
+    plain = settings.resolve({}, {}, {"jitckpt.io/verify-ssl": "true"}, allow_insecure_tls=False)
+    assert plain.errors == [] and plain.warnings == []
+
+
+def test_a_config_cannot_default_to_insecure_tls_without_allowing_it(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("defaults:\n  verify-ssl: false\n")
+    with pytest.raises(ConfigError, match="allow_insecure_tls"):
+        load_config(path)
+    path.write_text("defaults:\n  verify-ssl: false\nallow_insecure_tls: true\n")
+    assert load_config(path).allow_insecure_tls is True
+    assert WebhookConfig().allow_insecure_tls is False
