@@ -29,7 +29,7 @@ from sidecar.grace import GraceClock
 from sidecar.metrics import Metrics
 from sidecar.presence import Presence
 from sidecar.restore import RestoreResult, restore
-from sidecar.server import ProtocolServer
+from sidecar.server import Limits, Peer, ProtocolServer
 from sidecar.state import AgentState, ClientInfo, Committed, now_iso
 from sidecar.status import StatusServer
 from sidecar.storage.base import Store, StoreError
@@ -44,6 +44,9 @@ EXIT_OK = 0
 EXIT_UNCOMMITTED = 1
 EXIT_NO_ACCESS = 3
 EXIT_RESTORE_FAILED = 4
+
+# Training processes remembered at once (``hello``); gone ones make room for new ones.
+MAX_CLIENTS = 256
 
 log = logging.getLogger("jitckpt.agent")
 
@@ -97,6 +100,7 @@ class Agent:
         self._store: Store | None = None
         self._grace_warned: float | None = None
         self.presence = Presence(config.pids_dir, config.trainer_start_timeout)
+        self.server: ProtocolServer | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -195,7 +199,9 @@ class Agent:
         for job in staging.recover(cfg.staging_dir):
             log.info("re-queueing checkpoint-%d (%s) left by a previous run", job.step, job.kind)
             await self.uploader.submit(job)
-        server = ProtocolServer(cfg.socket_path, self)
+        server = ProtocolServer(cfg.socket_path, Limits(idle_seconds=cfg.socket_idle_seconds))
+        self._serve_protocol(server)
+        self.server = server
         await server.start()
         upload_task = asyncio.create_task(self.uploader.run())
         self.state.phase = "ready"
@@ -232,7 +238,13 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), POLL_SECONDS)
 
     def _clients_busy(self) -> bool:
-        return any(not c.said_bye for c in self.state.clients.values())
+        """Whether a process that said ``hello`` may still stage: no ``bye`` yet, and alive.
+
+        Alive means its connection or its lease is still open: a ``hello`` whose
+        process is gone (or a forged one) must not hold the drain until the deadline.
+        """
+        live = self.server.live_pids() if self.server is not None else set()
+        return any(not c.said_bye and c.pid in live for c in self.state.clients.values())
 
     async def _drain(self) -> None:
         """Upload until idle (and no trainer left to stage more), or the grace deadline nears."""
@@ -313,31 +325,55 @@ class Agent:
             self._grace_warned = round(short)
             log.warning("%s", self.grace.message())
 
-    # -- protocol handler ----------------------------------------------------
+    # -- protocol handlers ---------------------------------------------------
 
-    async def hello(self, pid: int, message: protocol.Message) -> protocol.Message:
-        self.state.clients[pid] = ClientInfo(
-            pid=pid,
-            rank=message.get("rank"),
-            node_rank=message.get("node_rank"),
-            framework=str(message.get("framework") or ""),
+    def _serve_protocol(self, server: ProtocolServer) -> None:
+        """The agent's entries in the server's op table."""
+        server.on(protocol.Hello, self.hello)
+        server.on(protocol.Staged, self.staged)
+        server.on(protocol.Sigterm, self.sigterm)
+        server.on(protocol.Progress, self.progress)
+        server.on(protocol.Status, self.status)
+        server.on(protocol.Bye, self.bye)
+        server.on(protocol.Lease, self.lease)
+        server.on_close(self.closed)
+
+    async def hello(self, peer: Peer, request: protocol.Hello) -> protocol.Answer:
+        clients = self.state.clients
+        if request.pid not in clients and len(clients) >= MAX_CLIENTS:
+            live = self.server.live_pids() if self.server is not None else set()
+            for pid in [pid for pid in clients if pid not in live]:
+                del clients[pid]
+            if len(clients) >= MAX_CLIENTS:
+                return protocol.ErrorAnswer.of(f"{MAX_CLIENTS} training processes are connected")
+        clients[request.pid] = ClientInfo(
+            pid=request.pid,
+            rank=request.rank,
+            node_rank=request.node_rank,
+            framework=request.framework,
         )
         self.presence.connected = True
-        return protocol.answer_ok(restored=self.restored.answer())
+        restored = self.restored
+        if restored.step is None or restored.path is None:
+            return protocol.HelloAnswer(restored=None)
+        return protocol.HelloAnswer(
+            restored=protocol.Restored(step=restored.step, path=restored.path)
+        )
 
-    async def staged(self, pid: int, message: protocol.Message) -> protocol.Message:
+    async def staged(self, peer: Peer, request: protocol.Staged) -> protocol.Answer:
         try:
             job = await asyncio.to_thread(
-                staging.accept, self.config.staging_dir, message, time.time()
+                staging.accept, self.config.staging_dir, request, time.time()
             )
         except staging.StagingError as exc:
             log.error("refused a staged checkpoint: %s", exc)
-            return protocol.answer_error(str(exc))
+            return protocol.ErrorAnswer.of(str(exc))
         if job.kind == protocol.KIND_JIT:
             self.grace.saved()
         size = sum((job.path / f).stat().st_size for f in job.files)
-        self.grace.last_checkpoint_bytes = size
-        self._check_grace()
+        if job.kind != protocol.KIND_FINAL:  # the model alone says nothing of a checkpoint's size
+            self.grace.last_checkpoint_bytes = size
+            self._check_grace()
         await self.uploader.submit(job)
         log.info(
             "accepted checkpoint-%d (%s, %d files, %d bytes)",
@@ -349,36 +385,36 @@ class Agent:
         self._spawn(
             self.events.post(events.SAVED, f"checkpoint-{job.step} ({job.kind}) saved, uploading")
         )
-        return protocol.answer_ok(id=job.id)
+        return protocol.StagedAnswer(id=job.id)
 
-    async def sigterm(self, pid: int, message: protocol.Message) -> protocol.Message:
+    async def sigterm(self, peer: Peer, request: protocol.Sigterm) -> protocol.Answer:
         if not self.grace.started:
-            log.info("the trainer got SIGTERM at step %s: grace clock started", message.get("step"))
+            log.info("the trainer got SIGTERM at step %d: grace clock started", request.step)
         self.grace.start()
-        return protocol.answer_ok()
+        return protocol.OkAnswer()
 
-    async def progress(self, pid: int, message: protocol.Message) -> None:
-        fields = ("step", "max_steps", "epoch")
-        self.state.progress = {k: message.get(k) for k in fields} | {"time": now_iso()}
-        if isinstance(message.get("step"), int):
-            self.metrics.training_step.set(message["step"])
+    async def progress(self, peer: Peer, request: protocol.Progress) -> None:
+        self.state.progress = {
+            "step": request.step,
+            "max_steps": request.max_steps,
+            "epoch": request.epoch,
+            "time": now_iso(),
+        }
+        self.metrics.training_step.set(request.step)
 
-    async def status(self, pid: int, message: protocol.Message) -> protocol.Message:
-        return protocol.answer_ok(status=self.state.document())
+    async def status(self, peer: Peer, request: protocol.Status) -> protocol.Answer:
+        return protocol.StatusAnswer(status=self.state.document())
 
-    async def bye(self, pid: int, message: protocol.Message) -> protocol.Message:
-        client = self.state.clients.setdefault(pid, ClientInfo(pid=pid))
-        client.said_bye = True
-        client.exit_code = message.get("exit_code")
-        return protocol.answer_ok()
+    async def bye(self, peer: Peer, request: protocol.Bye) -> protocol.Answer:
+        client = self.state.clients.get(peer.pid) if peer.pid is not None else None
+        if client is not None:
+            client.said_bye = True
+            client.exit_code = request.exit_code
+        return protocol.OkAnswer()
 
-    async def lease(self, pid: int, message: protocol.Message) -> None:
+    async def lease(self, peer: Peer, request: protocol.Lease) -> None:
         self.presence.leased()
 
-    async def lease_closed(self, pid: int) -> None:
-        self.presence.released()
-
-    async def disconnected(self, pid: int) -> None:
-        client = self.state.clients.get(pid)
-        if client is not None:
-            client.said_bye = True  # a closed connection says the same as bye
+    async def closed(self, peer: Peer) -> None:
+        if peer.lease:
+            self.presence.released()

@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -95,23 +96,20 @@ def access_problems(directory: Path, uid: int, gids: set[int]) -> list[str]:
     return problems
 
 
-def accept(staging_root: Path, message: protocol.Message, now: float) -> StagedJob:
-    """Validate a ``staged`` request and take ownership (the record) before answering."""
-    try:
-        step = int(message["step"])
-        kind = str(message.get("kind", protocol.KIND_PERIODIC))
-        raw_dir = Path(str(message["dir"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StagingError(f"staged needs step, kind and dir: {exc}") from None
-    if kind not in protocol.KINDS:
-        raise StagingError(f"unknown kind {kind!r}")
+def accept(staging_root: Path, request: protocol.Staged, now: float) -> StagedJob:
+    """Take ownership of a ``staged`` request's files (the record) before answering.
+
+    The request's types, ranges and sizes were checked where it entered
+    (``protocol.decode_request``); what is checked here is the file system.
+    """
+    step, kind, raw_dir = request.step, request.kind, Path(request.dir)
     root = staging_root.resolve()
     directory = (root / raw_dir).resolve()
     if directory.parent != root:
         raise StagingError(f"{raw_dir} is not a directory directly under {staging_root}")
     if not directory.is_dir():
         raise StagingError(f"{directory} does not exist")
-    files = message.get("files")
+    files: Iterable[str] = request.files
     if not files:
         files = sorted(
             p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()

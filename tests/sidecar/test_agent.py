@@ -15,9 +15,11 @@ import pytest
 
 from local.s3server import LocalS3
 from shim import protocol
+from shim.channel import Client
 from sidecar.config import AgentConfig
 from sidecar.storage.factory import open_store
 from sidecar.validity import CheckpointState, scan
+from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import commit, make_checkpoint, seed_store, stage
 
@@ -70,20 +72,10 @@ def test_lifecycle_restore_upload_status_and_stop(agent: AgentProcess, tmp_path:
     assert stat.S_IMODE(agent.staging.stat().st_mode) == 0o777
     assert stat.S_IMODE(agent.socket.stat().st_mode) == 0o666
 
-    client = protocol.Client(str(agent.socket))
-    hello = client.call(
-        protocol.OP_HELLO,
-        pid=4242,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        node_rank=0,
-        nnodes=1,
-        framework="transformers",
-    )
+    client = Client(str(agent.socket))
+    hello = client.call(shimtalk.hello(4242))
     restored_path = agent.local_dir / "checkpoints" / "checkpoint-10"
-    assert hello["ok"] is True
-    assert hello["restored"] == {"step": 10, "path": str(restored_path)}
+    assert hello == protocol.HelloAnswer(protocol.Restored(step=10, path=str(restored_path)))
     assert (restored_path / "model.bin").read_bytes() == (good / "model.bin").read_bytes()
     status = agent.status()
     assert status["restore_skipped"] == [
@@ -91,20 +83,19 @@ def test_lifecycle_restore_upload_status_and_stop(agent: AgentProcess, tmp_path:
     ]
 
     # Unknown op and malformed lines get an error answer; the connection stays usable.
-    assert client.call("teleport")["error"] == "unknown op 'teleport'"
     with socket.socket(socket.AF_UNIX) as raw:
         raw.connect(str(agent.socket))
+        raw.sendall(b'{"v":1,"op":"teleport"}\n')
+        assert b"unknown op 'teleport'" in raw.recv(4096)
         raw.sendall(b"not json\n")
         assert b'"ok":false' in raw.recv(4096)
 
-    client.send(protocol.OP_PROGRESS, step=31, max_steps=100, epoch=0.3)
+    client.send(protocol.Progress(step=31, max_steps=100, epoch=0.3))
     directory, files = stage(
         agent.staging, "checkpoint-30-periodic-1", {"w.bin": 7 * 1024 * 1024, "s/x": 5}
     )
-    answer = client.call(
-        protocol.OP_STAGED, step=30, kind="periodic", dir=str(directory), files=files
-    )
-    assert answer["ok"] is True, answer
+    answer = client.call(shimtalk.staged(30, "periodic", directory, files))
+    assert isinstance(answer, protocol.StagedAnswer), answer
     agent.wait_for(lambda: agent.committed_step() == 30, 30, "checkpoint-30 committed")
     agent.wait_for(lambda: not directory.exists(), 10, "staging links removed")
     status = agent.status()
@@ -117,16 +108,16 @@ def test_lifecycle_restore_upload_status_and_stop(agent: AgentProcess, tmp_path:
     assert agent.termination()["last_committed"]["step"] == 30
 
     # A staged request outside the staging dir is refused.
-    refused = client.call(protocol.OP_STAGED, step=1, kind="jit", dir=str(tmp_path), files=[])
-    assert refused["ok"] is False and "not a directory directly under" in refused["error"]
+    refused = client.call(shimtalk.staged(1, "jit", tmp_path, []))
+    assert isinstance(refused, protocol.ErrorAnswer)
+    assert "not a directory directly under" in refused.error
 
     # Preemption: the trainer's sigterm, its JIT save, its exit; then the kubelet's SIGTERM.
-    assert client.call(protocol.OP_SIGTERM, step=35)["ok"] is True
+    assert client.call(protocol.Sigterm(step=35)) == protocol.OkAnswer()
     directory, files = stage(agent.staging, "checkpoint-35-jit-1", {"w.bin": 300})
-    assert client.call(protocol.OP_STAGED, step=35, kind="jit", dir=str(directory), files=files)[
-        "ok"
-    ]
-    assert client.call(protocol.OP_BYE, exit_code=143)["ok"] is True
+    staged_answer = client.call(shimtalk.staged(35, "jit", directory, files))
+    assert isinstance(staged_answer, protocol.StagedAnswer)
+    assert client.call(protocol.Bye(exit_code=143)) == protocol.OkAnswer()
     client.close()
     assert agent.terminate() == 0
     message = agent.termination()
@@ -149,12 +140,14 @@ def test_many_concurrent_clients(agent: AgentProcess) -> None:
 
     def worker(rank: int) -> None:
         try:
-            client = protocol.Client(str(agent.socket))
-            assert client.call(protocol.OP_HELLO, pid=1000 + rank, rank=rank)["restored"] is None
+            client = Client(str(agent.socket))
+            assert client.call(shimtalk.hello(1000 + rank, rank)) == protocol.HelloAnswer(None)
             for step in range(20):
-                client.send(protocol.OP_PROGRESS, step=step)
-                assert client.call(protocol.OP_STATUS)["status"]["phase"] == "ready"
-            assert client.call(protocol.OP_BYE, exit_code=0)["ok"]
+                client.send(protocol.Progress(step=step, max_steps=0, epoch=0.0))
+                status = client.call(protocol.Status())
+                assert isinstance(status, protocol.StatusAnswer)
+                assert status.status["phase"] == "ready"
+            assert client.call(protocol.Bye(exit_code=0)) == protocol.OkAnswer()
             client.close()
         except BaseException as exc:
             errors.append(exc)
@@ -181,15 +174,14 @@ def test_sigkill_mid_upload_then_restart_finishes(
             agent.start()
             agent.wait_ready()
             proxy.stall(60, times=1000, path="partNumber=")
-            client = protocol.Client(str(agent.socket))
-            client.call(protocol.OP_HELLO, pid=77)
+            client = Client(str(agent.socket))
+            client.call(shimtalk.hello(77))
             directory, files = stage(
                 agent.staging, "checkpoint-50-jit-9", {"model.bin": 12 * 1024 * 1024}
             )
             source = (directory / "model.bin").read_bytes()
-            assert client.call(
-                protocol.OP_STAGED, step=50, kind="jit", dir=str(directory), files=files
-            )["ok"]
+            answer = client.call(shimtalk.staged(50, "jit", directory, files))
+            assert isinstance(answer, protocol.StagedAnswer)
             agent.wait_for(lambda: proxy.injected("stall-request") > 0, 20, "an upload in flight")
             agent.kill()
             client.close()
@@ -240,15 +232,15 @@ def test_grace_too_short_is_reported(agent: AgentProcess) -> None:
     agent.extra_env = {"JITCKPT_GRACE_SECONDS": "2", "JITCKPT_GRACE_MARGIN": "0.5"}
     agent.start()
     agent.wait_ready()
-    client = protocol.Client(str(agent.socket))
-    client.call(protocol.OP_HELLO, pid=5)
+    client = Client(str(agent.socket))
+    client.call(shimtalk.hello(5))
     directory, files = stage(agent.staging, "p", {"w": 200_000})
-    client.call(protocol.OP_STAGED, step=1, kind="periodic", dir=str(directory), files=files)
+    client.call(shimtalk.staged(1, "periodic", directory, files))
     agent.wait_for(lambda: agent.committed_step() == 1, 20, "periodic commit")
-    client.call(protocol.OP_SIGTERM, step=2)
+    client.call(protocol.Sigterm(step=2))
     time.sleep(1.8)  # a save that takes most of the grace period
     directory, files = stage(agent.staging, "j", {"w": 200_000})
-    client.call(protocol.OP_STAGED, step=2, kind="jit", dir=str(directory), files=files)
+    client.call(shimtalk.staged(2, "jit", directory, files))
     grace = agent.status()["grace"]
     assert grace["short_by_seconds"] > 0
     assert grace["save_seconds"] >= 1.8

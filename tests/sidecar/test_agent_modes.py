@@ -16,10 +16,12 @@ import pytest
 
 from local.s3server import LocalS3
 from shim import protocol
+from shim.channel import Client
 from sidecar.config import AgentConfig
 from sidecar.storage.factory import open_store
 from sidecar.validity import scan
 from tests.shim.support import PYTHON, REPO, TRAIN_TINY, ShimEnv
+from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import seed_store, stage
 
@@ -36,8 +38,8 @@ def _valid_steps(destination: str, pvc: Path) -> list[int]:
 
 # A trainer process as the shim makes it: one lease held open for its whole life.
 LEASE_HOLDER = (
-    "import os, sys, time; from shim import protocol;"
-    "c = protocol.Client(sys.argv[1]); c.send(protocol.OP_LEASE, pid=os.getpid());"
+    "import os, sys, time; from shim import protocol; from shim.channel import Client;"
+    "c = Client(sys.argv[1]); c.send(protocol.Lease(pid=os.getpid()));"
     "print('leased', flush=True); time.sleep(120)"
 )
 
@@ -66,12 +68,13 @@ def test_legacy_restore_then_run_exits_when_the_trainer_is_gone(
     )
     try:
         assert trainer.stdout is not None and trainer.stdout.readline() == "leased\n"
-        client = protocol.Client(str(run.socket))
-        hello = client.call(protocol.OP_HELLO, pid=trainer.pid)
-        assert hello["restored"]["step"] == 4
+        client = Client(str(run.socket))
+        hello = client.call(shimtalk.hello(trainer.pid))
+        assert isinstance(hello, protocol.HelloAnswer)
+        assert hello.restored is not None and hello.restored.step == 4
         directory, files = stage(run.staging, "final", {"model": 2000})
-        client.call(protocol.OP_STAGED, step=8, kind="final", dir=str(directory), files=files)
-        assert client.call(protocol.OP_BYE, exit_code=0)["ok"]
+        client.call(shimtalk.staged(8, "final", directory, files))
+        assert client.call(protocol.Bye(exit_code=0)) == protocol.OkAnswer()
         client.close()
         time.sleep(1.5)
         assert run.process is not None and run.process.poll() is None, "lease still held"
@@ -153,11 +156,11 @@ def test_agent_on_a_pvc_destination(tmp_path: Path, s3_env: dict[str, str]) -> N
     try:
         agent.start()
         agent.wait_ready()
-        client = protocol.Client(str(agent.socket))
-        client.call(protocol.OP_HELLO, pid=9)
+        client = Client(str(agent.socket))
+        client.call(shimtalk.hello(9))
         directory, files = stage(agent.staging, "jit", {"model": 6 * 1024 * 1024, "s/rng": 9})
         source = (directory / "model").read_bytes()
-        client.call(protocol.OP_STAGED, step=12, kind="jit", dir=str(directory), files=files)
+        client.call(shimtalk.staged(12, "jit", directory, files))
         client.close()
         assert agent.terminate() == 0, agent.log()
     finally:
@@ -216,8 +219,8 @@ def test_resume_false_starts_fresh(
     try:
         agent.start()
         agent.wait_ready()
-        client = protocol.Client(str(agent.socket))
-        assert client.call(protocol.OP_HELLO, pid=3)["restored"] is None
+        client = Client(str(agent.socket))
+        assert client.call(shimtalk.hello(3)) == protocol.HelloAnswer(None)
         client.close()
         assert not (agent.local_dir / "checkpoints" / "checkpoint-4").exists()
         assert agent.terminate() == 0
@@ -227,11 +230,11 @@ def test_resume_false_starts_fresh(
 
 
 def _stage_and_wait(
-    agent: AgentProcess, client: protocol.Client, step: int, kind: str, name: str = "w"
+    agent: AgentProcess, client: Client, step: int, kind: str, name: str = "w"
 ) -> None:
     directory, files = stage(agent.staging, f"s{step}", {name: 1000 + step})
-    answer = client.call(protocol.OP_STAGED, step=step, kind=kind, dir=str(directory), files=files)
-    assert answer["ok"], answer
+    answer = client.call(shimtalk.staged(step, kind, directory, files))
+    assert isinstance(answer, protocol.StagedAnswer), answer
     agent.wait_for(lambda: agent.committed_step() == step, 30, f"checkpoint-{step}")
 
 
@@ -251,8 +254,10 @@ def test_retention_in_the_agent_keeps_newest_and_the_restored_one(
     try:
         agent.start()
         agent.wait_ready()
-        client = protocol.Client(str(agent.socket))
-        assert client.call(protocol.OP_HELLO, pid=1)["restored"]["step"] == 1
+        client = Client(str(agent.socket))
+        hello = client.call(shimtalk.hello(1))
+        assert isinstance(hello, protocol.HelloAnswer)
+        assert hello.restored is not None and hello.restored.step == 1
         for step in (2, 3, 4, 5):
             _stage_and_wait(agent, client, step, "periodic")
         client.close()
@@ -282,12 +287,12 @@ def test_two_nodes_commit_one_checkpoint(
             node.start()
         for node in nodes:
             node.wait_ready()
-        second = protocol.Client(str(nodes[1].socket))
-        second.call(protocol.OP_HELLO, pid=11)
+        second = Client(str(nodes[1].socket))
+        second.call(shimtalk.hello(11))
         _stage_and_wait(nodes[1], second, 40, "jit", name="rng_state_1.pth")
         assert _valid_steps(destination, tmp_path) == [], "only node 1 committed so far"
-        first = protocol.Client(str(nodes[0].socket))
-        first.call(protocol.OP_HELLO, pid=10)
+        first = Client(str(nodes[0].socket))
+        first.call(shimtalk.hello(10))
         _stage_and_wait(nodes[0], first, 40, "jit", name="model.safetensors")
         assert _valid_steps(destination, tmp_path) == [40]
         for client in (first, second):

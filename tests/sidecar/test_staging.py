@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shim import protocol
 from sidecar import staging
+from tests.sidecar import shimtalk
 from tests.sidecar.helpers import stage
 
 TRAINER_UID = 54321  # "another user": the files are chowned to it (we run as root)
@@ -59,10 +59,7 @@ def test_accept_records_and_recover_requeues(tmp_path: Path) -> None:
     root = tmp_path / "staging"
     staging.make_shared_dir(root)
     directory, files = stage(root, "checkpoint-9-jit-1", {"a": 1, "b/c": 2})
-    message = protocol.request(
-        protocol.OP_STAGED, step=9, kind="jit", dir=str(directory), files=files
-    )
-    job = staging.accept(root, message, time.time())
+    job = staging.accept(root, shimtalk.staged(9, "jit", directory, files), time.time())
     assert job.urgent and job.files == ["a", "b/c"]
     # A directory without a record was never acknowledged: recovery leaves it alone.
     stage(root, "unacknowledged", {"z": 1})
@@ -76,18 +73,18 @@ def test_accept_records_and_recover_requeues(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "error"),
+    ("directory", "files", "error"),
     [
-        ({"step": 1, "kind": "jit", "dir": "/etc"}, "is not a directory directly under"),
-        ({"step": 1, "kind": "weird", "dir": "x"}, "unknown kind 'weird'"),
-        ({"step": 1, "kind": "jit", "dir": "x", "files": ["../../etc/passwd"]}, "is outside"),
-        ({"step": 1, "kind": "jit", "dir": "x", "files": ["nope"]}, "is missing from"),
-        ({"kind": "jit", "dir": "x"}, "staged needs step, kind and dir"),
+        ("/etc", [], "is not a directory directly under"),
+        ("x", ["../../etc/passwd"], "is outside"),  # the schema refuses it too, on the wire
+        ("x", ["nope"], "is missing from"),
     ],
 )
-def test_accept_refuses_bad_requests(tmp_path: Path, fields: dict[str, object], error: str) -> None:
+def test_accept_refuses_bad_requests(
+    tmp_path: Path, directory: str, files: list[str], error: str
+) -> None:
     root = tmp_path / "staging"
     stage(root, "x", {"a": 1})
     with pytest.raises(staging.StagingError, match=error):
-        staging.accept(root, protocol.request(protocol.OP_STAGED, **fields), time.time())
+        staging.accept(root, shimtalk.staged(1, "jit", Path(directory), files), time.time())
     assert staging.recover(root) == []

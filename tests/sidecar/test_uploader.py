@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from local.s3server import LocalS3
-from shim import protocol
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
@@ -19,6 +18,7 @@ from sidecar.staging import StagedJob, accept, make_shared_dir
 from sidecar.storage.factory import open_store
 from sidecar.uploader import Uploader
 from sidecar.validity import scan
+from tests.sidecar import shimtalk
 from tests.sidecar.helpers import stage
 from tests.support.faultproxy import FaultProxy
 
@@ -29,9 +29,7 @@ def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
     jobs = []
     for step, kind in ((10, "periodic"), (30, "periodic"), (20, "periodic"), (25, "jit")):
         directory, files = stage(config.staging_dir, f"c{step}", {"w": 4096, "x/y": 10})
-        message = protocol.request(
-            protocol.OP_STAGED, step=step, kind=kind, dir=str(directory), files=files
-        )
+        message = shimtalk.staged(step, kind, directory, files)
         jobs.append(accept(config.staging_dir, message, time.time()))
     order: list[tuple[int, str]] = []
 
@@ -71,9 +69,7 @@ def test_failed_upload_is_requeued_until_committed(
         )
         make_shared_dir(config.staging_dir)
         directory, files = stage(config.staging_dir, "j", {"w": 1000})
-        message = protocol.request(
-            protocol.OP_STAGED, step=3, kind="jit", dir=str(directory), files=files
-        )
+        message = shimtalk.staged(3, "jit", directory, files)
         job = accept(config.staging_dir, message, time.time())
         proxy.fail(503, "SlowDown", times=6, method="PUT")
         metrics = Metrics()
@@ -121,9 +117,7 @@ def test_jit_pauses_a_running_periodic_upload(
 
         def job(step: int, kind: str, size: int) -> StagedJob:
             directory, files = stage(config.staging_dir, f"c{step}", {"w": size})
-            message = protocol.request(
-                protocol.OP_STAGED, step=step, kind=kind, dir=str(directory), files=files
-            )
+            message = shimtalk.staged(step, kind, directory, files)
             return accept(config.staging_dir, message, time.time())
 
         periodic = job(8, "periodic", 6 * 5 * 1024 * 1024)
