@@ -1,0 +1,136 @@
+"""Every line the shim and the agent really send each other parses through the one schema.
+
+A tiny HF Trainer run with the shim active talks to the real agent through a
+recording Unix socket in between; it saves periodically, gets SIGTERM, saves a
+JIT checkpoint and exits 143, so the shim sends every op it has (``hello``,
+``progress``, ``staged``, ``sigterm``, ``bye``, ``lease``). Each request line
+must parse with ``protocol.decode_request``, and each answer line of the agent
+with ``protocol.decode_answer`` for the request it answers; ops that are never
+answered must get no line back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from shim import protocol
+from shim.channel import Client
+from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn
+from tests.sidecar.agentproc import AgentProcess
+
+
+class Recorder:
+    """A Unix socket in front of the agent's that keeps the bytes each side sent."""
+
+    def __init__(self, listen: Path, upstream: Path) -> None:
+        self.upstream = upstream
+        self.conversations: list[tuple[bytearray, bytearray]] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(listen))
+        self._server.listen(64)
+        self._threads: list[threading.Thread] = []
+        self._start(self._accept)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                shim, _ = self._server.accept()
+            except OSError:
+                return
+            agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            agent.connect(str(self.upstream))
+            sent, answered = bytearray(), bytearray()
+            self.conversations.append((sent, answered))
+            self._start(self._pipe, shim, agent, sent)
+            self._start(self._pipe, agent, shim, answered)
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket, record: bytearray) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(OSError):
+                    target.shutdown(socket.SHUT_WR)
+                return
+            record += data
+            try:
+                target.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def _lines(data: bytearray) -> list[bytes]:
+    assert not data or data.endswith(b"\n"), "a line was cut short"
+    return [line for line in bytes(data).split(b"\n") if line]
+
+
+def _parse(recorder: Recorder) -> tuple[list[protocol.Request], list[protocol.Answer]]:
+    """Every request and answer of every conversation, each parsed through the schema."""
+    requests: list[protocol.Request] = []
+    answers: list[protocol.Answer] = []
+    for sent, answered in recorder.conversations:
+        mine = [protocol.decode_request(line) for line in _lines(sent)]
+        expecting = [r for r in mine if protocol.OPS[r.OP].answered]
+        replies = _lines(answered)
+        assert len(replies) == len(expecting), (mine, replies)
+        answers += [
+            protocol.decode_answer(line, r) for line, r in zip(replies, expecting, strict=True)
+        ]
+        requests += mine
+    return requests, answers
+
+
+def test_the_shims_real_messages_and_the_agents_answers_parse(
+    shim_env: ShimEnv, agent: AgentProcess, spawn: Spawn, tmp_path: Path
+) -> None:
+    recorded = shim_env.run / "recorded.sock"
+    recorder = Recorder(recorded, agent.socket)
+    env = dict(shim_env.env, JITCKPT_SOCKET=str(recorded))
+    args = ["--output-dir", str(tmp_path / "out"), "--max-steps", "12", "--save-steps", "2"]
+    run = spawn([PYTHON, *TRAIN_TINY, *args, "--step-sleep", "0.3"], env)
+    run.wait_for("rank 0 step 4/", timeout=90)
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 143, run.output()
+    # What the shim never sends, said here the shim's way: a status, and a refused staged.
+    client = Client(str(recorded))
+    assert isinstance(client.call(protocol.Status()), protocol.StatusAnswer)
+    refused = protocol.Staged(step=1, kind="jit", dir=str(tmp_path), files=())
+    assert isinstance(client.call(refused), protocol.ErrorAnswer)
+    client.close()
+    agent.wait_for(lambda: agent.status()["last_committed"] is not None, 30, "a commit")
+    recorder.close()
+
+    requests, answers = _parse(recorder)
+    sent_ops = {request.OP for request in requests}
+    assert sent_ops == set(protocol.OPS), sent_ops
+    [hello] = [r for r in requests if isinstance(r, protocol.Hello)]
+    assert hello.pid == run.pid and hello.framework == "transformers"
+    staged = [r for r in requests if isinstance(r, protocol.Staged)]
+    assert {s.kind for s in staged} == {protocol.KIND_PERIODIC, protocol.KIND_JIT}
+    assert [r for r in requests if isinstance(r, protocol.Bye)] == [protocol.Bye(exit_code=143)]
+    assert {type(a) for a in answers} == {
+        protocol.HelloAnswer,
+        protocol.StagedAnswer,
+        protocol.OkAnswer,
+        protocol.StatusAnswer,
+        protocol.ErrorAnswer,
+    }
+    # Building a message and parsing what it says gives the same message back.
+    for request in requests:
+        assert protocol.decode_request(protocol.encode(request)) == request
