@@ -358,7 +358,7 @@ def build(
     annotation_op: dict[str, Any]
     if isinstance(annotations, dict):
         metadata["annotations"] = {**annotations, STATUS_KEY: text}
-        path = "/metadata/annotations/" + STATUS_KEY.replace("~", "~0").replace("/", "~1")
+        path = patches.pointer(["metadata", "annotations", STATUS_KEY])
         annotation_op = {"op": "add", "path": path, "value": text}
     else:
         metadata["annotations"] = {STATUS_KEY: text}

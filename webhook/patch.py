@@ -1,19 +1,25 @@
 """RFC 6902 patches made by diffing two pods, and the digest the status records.
 
-The mutation builds the wanted pod and lets ``jsonpatch`` find the operations,
-so the HTTP path and the offline path cannot disagree on what changed. The
-digest is over a canonical form, so the same change always hashes alike.
+The mutation builds the wanted pod and diffs it with the input, so the HTTP
+path and the offline path cannot disagree on what changed. The digest is over
+a canonical form, so the same change always hashes alike.
 
 The injection copies only what it changes and shares every other part of the
-pod with its input, so the diff skips a value that *is* the same object on
-both sides instead of walking it: on an admission that is most of the pod.
+pod with its input, so the diff walks the two pods together and never looks
+into a value that *is* the same object on both sides (on an admission, most
+of the pod). What differs goes to jsonpatch's public ``JsonPatch.from_diff``
+one subtree at a time, its paths prefixed with the subtree's: the members of
+an object that only one side has, and the part of an array after the items
+both share. The operations are ``jsonpatch.make_patch``'s, except that a value
+it would ``move`` is removed and added instead (the same result; an injection
+moves nothing). tests/webhook/test_patch.py holds it to make_patch.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import jsonpatch
@@ -21,85 +27,73 @@ import jsonpatch
 Patch = list[dict[str, Any]]
 
 
-class _SharingDiff(jsonpatch.DiffBuilder):
-    """``jsonpatch``'s diff, minus the work that cannot change its operations.
+def pointer(parts: Sequence[str]) -> str:
+    """The JSON Pointer (RFC 6901) of ``parts``: ``~`` and ``/`` escaped in each."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
 
-    The operations are exactly those of ``jsonpatch.make_patch``: an object
-    compared with itself yields none there either, lists that jsonpatch would
-    match up item by item are only matched up where it could matter, and a
-    value is serialized for move detection only once a move is possible.
-    It overrides private methods of the jsonpatch pinned in constraints.txt;
-    tests/webhook/test_patch.py holds it to ``make_patch`` on every upgrade.
+
+def _operations(path: tuple[str, ...], src: Any, dst: Any, first_index: int = 0) -> Patch:
+    """jsonpatch's operations from ``src`` to ``dst`` (copied), at ``path``.
+
+    For arrays that are the tail of longer ones, ``first_index`` is where they
+    start: the index each operation begins with is shifted by it. Move
+    detection is off: it keys every value added or removed by its
+    serialization, the bulk of the cost, to find moves an injection never makes.
     """
-
-    def __init__(self, src: Any, dst: Any) -> None:
-        super().__init__(src, dst, jsonpatch.JsonPatch.json_dumper)
-        # (value, index) stored for move detection but not yet keyed, per storage
-        self._unkeyed: tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]] = ([], [])
-
-    def _compare_values(self, path: Any, key: Any, src: Any, dst: Any) -> None:
-        if src is dst:
-            return
-        super()._compare_values(path, key, src, dst)  # type: ignore[misc]
-
-    def _differing_runs(self, src: list[Any], dst: list[Any]) -> list[tuple[int, ...]]:
-        # jsonpatch first skips the items at the start that serialize alike;
-        # the same objects do, so they are skipped without serializing them.
-        shared = 0
-        shorter = min(len(src), len(dst))
-        while shared < shorter and src[shared] is dst[shared]:
-            shared += 1
-        rest_src, rest_dst = len(src) - shared, len(dst) - shared
-        runs: list[tuple[int, ...]]
-        if rest_src == 0 and rest_dst == 0:
-            runs = []
-        elif rest_src == 0 or rest_dst == 0 or (rest_src == 1 and rest_dst == 1):
-            # Nothing to match up: all added, all removed, or one item compared
-            # with one (which yields no operation where the two are equal).
-            runs = [(shared, len(src), shared, len(dst))]
-        else:
-            runs = [
-                tuple(index + shared for index in run)
-                for run in super()._differing_runs(src[shared:], dst[shared:])  # type: ignore[misc]
-            ]
-        return runs
-
-    def store_index(self, value: Any, index: Any, st: int) -> None:
-        if self.optimization:
-            self._unkeyed[st].append((value, index))
-
-    def take_index(self, value: Any, st: int) -> Any:
-        unkeyed = self._unkeyed[st]
-        for stored, index in unkeyed:
-            super().store_index(stored, index, st)
-        unkeyed.clear()
-        if not self.index_storage[st]:  # type: ignore[attr-defined]
-            return None  # nothing stored to move: no need to key ``value``
-        return super().take_index(value, st)
+    prefix = pointer(path)
+    operations: Patch = jsonpatch.JsonPatch.from_diff(src, dst, optimization=False).patch
+    for operation in operations:
+        relative = operation["path"]
+        if first_index:
+            index, slash, rest = relative[1:].partition("/")
+            relative = f"/{int(index) + first_index}{slash}{rest}"
+        operation["path"] = prefix + relative
+    return operations
 
 
-def _copied(value: Any) -> Any:
-    """A deep copy of a JSON value (objects and arrays copied, scalars kept)."""
-    if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copied(v) for v in value]
-    if value is None or isinstance(value, (str, int, float)):
-        return value
-    return copy.deepcopy(value)
+def _diff_values(path: tuple[str, ...], src: Any, dst: Any, out: Patch) -> None:
+    if src is dst:
+        return
+    if isinstance(src, dict) and isinstance(dst, dict):
+        # As jsonpatch orders them: the members only one side has, then the shared ones.
+        only_src = {key: src[key] for key in src if key not in dst}
+        only_dst = {key: dst[key] for key in dst if key not in src}
+        if only_src or only_dst:
+            out += _operations(path, only_src, only_dst)
+        for key in src:
+            if key in dst:
+                _diff_values((*path, key), src[key], dst[key], out)
+    elif isinstance(src, list) and isinstance(dst, list):
+        _diff_lists(path, src, dst, out)
+    else:
+        out += _operations(path, src, dst)
+
+
+def _diff_lists(path: tuple[str, ...], src: list[Any], dst: list[Any], out: Patch) -> None:
+    # jsonpatch leaves the items at the start that serialize alike; the same
+    # objects do, so they are left without serializing them.
+    shared = 0
+    while shared < min(len(src), len(dst)) and src[shared] is dst[shared]:
+        shared += 1
+    rest_src, rest_dst = src[shared:], dst[shared:]
+    if len(rest_src) == len(rest_dst) == 1:
+        # One item against one: jsonpatch compares them in place (the edited container).
+        _diff_values((*path, str(shared)), rest_src[0], rest_dst[0], out)
+    elif rest_src or rest_dst:
+        out += _operations(path, rest_src, rest_dst, first_index=shared)
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> Patch:
     """The operations that turn ``before`` into ``after``; [] when they are equal.
 
-    The same operations as ``jsonpatch.make_patch(before, after)``, and like
-    them copied, so changing either document afterwards leaves the patch alone.
+    Those of ``jsonpatch.make_patch(before, after)`` where it moves nothing
+    (see the module's docstring), copied: changing either document afterwards
+    leaves the patch alone.
     """
     if before == after:
         return []
-    builder = _SharingDiff(before, after)
-    builder._compare_values((), None, before, after)
-    operations: Patch = [_copied(op) for op in builder.execute()]
+    operations: Patch = []
+    _diff_values((), before, after, operations)
     return operations
 
 

@@ -1,13 +1,17 @@
-"""``webhook.patch.diff`` gives exactly ``jsonpatch.make_patch``'s operations.
+"""``webhook.patch.diff`` gives ``jsonpatch.make_patch``'s operations.
 
-The diff skips what two documents share by identity, so it is checked against
-jsonpatch on documents that share most of their parts the way an injected pod
-shares them with its input, and on the golden cases themselves.
+Exactly them wherever make_patch moves nothing (where it moves a value, the
+diff removes and adds it: the same result). The diff skips what two documents
+share by identity, so it is checked against jsonpatch on documents that share
+most of their parts the way an injected pod shares them with its input, and
+on the golden cases themselves, where the operations must be make_patch's.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -61,6 +65,19 @@ def edited(draw: st.DrawFn, node: Any, depth: int = 0) -> Any:
     return draw(json_values)
 
 
+def check_against_make_patch(before: dict[str, Any], after: dict[str, Any]) -> None:
+    """The diff applies to ``after``; it is make_patch's wherever that moves nothing."""
+    reference = jsonpatch.make_patch(copy.deepcopy(before), copy.deepcopy(after)).patch
+    operations = patches.diff(before, after)
+    assert patches.apply(before, operations) == after
+    if before == after:
+        assert operations == []
+    elif not any(op["op"] == "move" for op in reference):
+        assert operations == reference
+    else:
+        assert not any(op["op"] == "move" for op in operations)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_diff_is_jsonpatch_make_patch(data: st.DataObject) -> None:
@@ -68,9 +85,23 @@ def test_diff_is_jsonpatch_make_patch(data: st.DataObject) -> None:
     after = edited(data.draw, before)
     if not isinstance(after, dict):
         after = {"spec": after}
-    reference = jsonpatch.make_patch(copy.deepcopy(before), copy.deepcopy(after)).patch
-    assert patches.diff(before, after) == ([] if before == after else reference)
-    assert patches.apply(before, patches.diff(before, after)) == after
+    check_against_make_patch(before, after)
+
+
+def test_diff_is_a_copy() -> None:
+    before: dict[str, Any] = {"spec": {"env": [{"name": "A"}]}}
+    after: dict[str, Any] = {"spec": {"env": [{"name": "A"}, {"name": "B", "v": [1]}]}}
+    operations = patches.diff(before, after)
+    after["spec"]["env"][1]["v"].append(2)
+    assert operations == [{"op": "add", "path": "/spec/env/1", "value": {"name": "B", "v": [1]}}]
+
+
+def test_pointer_escapes_each_part() -> None:
+    assert patches.pointer(["metadata", "annotations", "jitckpt.io/status"]) == (
+        "/metadata/annotations/jitckpt.io~1status"
+    )
+    assert patches.pointer(["a~b", ""]) == "/a~0b/"
+    assert patches.pointer([]) == ""
 
 
 @pytest.mark.parametrize("case", discover(), ids=lambda c: c.name)
@@ -78,7 +109,10 @@ def test_injection_diff_is_jsonpatch_make_patch(case: Any) -> None:
     result = mutate(case.pod, case.namespace, case.config)
     before, after = {"spec": case.pod["spec"]}, {"spec": result.pod["spec"]}
     reference = jsonpatch.make_patch(copy.deepcopy(before), copy.deepcopy(after)).patch
+    # An injection moves nothing: its patch is make_patch's, so its digest is too.
     assert patches.diff(before, after) == ([] if before == after else reference)
+    if result.injected:
+        assert patches.apply(case.pod, result.patch) == result.pod
 
 
 @st.composite
@@ -105,5 +139,22 @@ def shared_lists(draw: st.DrawFn) -> tuple[list[Any], list[Any]]:
 @given(shared_lists())
 def test_list_diff_is_jsonpatch_make_patch(lists: tuple[list[Any], list[Any]]) -> None:
     before, after = {"spec": {"containers": lists[0]}}, {"spec": {"containers": lists[1]}}
-    reference = jsonpatch.make_patch(copy.deepcopy(before), copy.deepcopy(after)).patch
-    assert patches.diff(before, after) == ([] if before == after else reference)
+    check_against_make_patch(before, after)
+
+
+def test_only_public_jsonpatch_names_and_no_subclass() -> None:
+    """webhook/patch.py uses jsonpatch's public API only (a private one breaks on upgrade)."""
+    source = Path(patches.__file__).read_text()
+    tree = ast.parse(source)
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "jsonpatch"
+    }
+    assert used and not [name for name in used if name.startswith("_")]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            assert not any("jsonpatch" in ast.unparse(base) for base in node.bases), node.name
+    assert "_compare_values" not in source and "_differing_runs" not in source
