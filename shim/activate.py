@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import config as shim_config
 from . import launcher, pids
+from .exitstatus import STATUS
 from .hooks import when_imported
 from .log import failed
 
@@ -51,6 +52,7 @@ def activate() -> None:
         if not pids.is_multiprocessing_child():
             pids.register(config.pids_dir)
         launcher.install(config)
+        STATUS.install()  # from the start: a script may bind sys.exit before any Trainer exists
         _on_hf_trainer(config)
         _on_torch_distributed(config)
     except Exception as exc:

@@ -54,6 +54,7 @@ class ShimConfig:
         "save_strategy",
         "save_total_limit",
         "socket_path",
+        "upload_final",
     )
 
     def __init__(
@@ -66,6 +67,7 @@ class ShimConfig:
         save_strategy: Optional[str] = None,
         save_steps: Optional[float] = None,
         save_total_limit: Optional[int] = None,
+        upload_final: bool = True,
     ) -> None:
         self.local_dir = local_dir
         self.socket_path = socket_path
@@ -74,6 +76,7 @@ class ShimConfig:
         self.save_strategy = save_strategy
         self.save_steps = save_steps
         self.save_total_limit = save_total_limit
+        self.upload_final = upload_final
 
     @property
     def checkpoints_dir(self) -> str:
@@ -109,4 +112,5 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> Optional[ShimConfig]:
         save_strategy=source.get(layout.ENV_SAVE_STRATEGY, "").strip().lower() or None,
         save_steps=_number(source, layout.ENV_SAVE_STEPS),
         save_total_limit=_int(source, layout.ENV_SAVE_TOTAL_LIMIT),
+        upload_final=source.get(layout.ENV_UPLOAD_FINAL, "true").strip().lower() not in _FALSE,
     )

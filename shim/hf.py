@@ -9,7 +9,14 @@ methods of the base ``Trainer`` class, so subclasses get them through
 - ``_get_output_dir``: checkpoints go to ``$JITCKPT_DIR/checkpoints`` while the
   user's own ``save_model()`` still writes to their ``output_dir``;
 - ``train``: resume from the restored (or newest local) checkpoint when the
-  user passed none, the same step on every rank.
+  user passed none, the same step on every rank;
+- ``save_model``: once ``train()`` returned normally, the files a save to a
+  directory other than a checkpoint's writes (the model, its config, the
+  tokenizer when the Trainer has one) are the final model, uploaded to
+  ``<job root>/final/`` if the process exits with status 0. Told apart by
+  diffing the directory around the call (new or rewritten files only), so
+  whatever ``save_model`` delegates to (``save_pretrained``, DeepSpeed's
+  ``save_checkpoint``) counts, and nothing else in ``output_dir`` does.
 
 The save itself is HF's own ``_save_checkpoint``, asked for through
 ``control.should_save``; transformers' ``enable_jit_checkpoint`` is not used
@@ -27,11 +34,11 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import watcher
+from . import dist, final, watcher
 from .config import ShimConfig
-from .layout import CHECKPOINT_PREFIX
+from .layout import CHECKPOINT_PREFIX, step_of
 from .log import failed, say_once
-from .protocol import KIND_FINAL, KIND_JIT, KIND_PERIODIC
+from .protocol import KIND_JIT, KIND_PERIODIC
 from .signals import FLAG
 from .trainrun import TrainingRun
 
@@ -70,6 +77,7 @@ class TrainerSession:
         self.config = config
         self.run = TrainingRun(config, FRAMEWORK, HF_STATE_FILE)
         self.original_output_dir: Optional[str] = getattr(trainer.args, "output_dir", None)
+        self.trained = False  # the last train() returned normally: saves from now on are final
 
     # -- where checkpoints go -------------------------------------------------
     def redirect(self, run_dir: str) -> str:
@@ -103,16 +111,41 @@ class TrainerSession:
         return int(state.global_step), int(state.max_steps or 0), float(state.epoch or 0.0)
 
     def after_save(self, step: int, max_steps: int) -> None:
-        """HF wrote ``checkpoint-<step>`` on every rank: stage it, and leave after a JIT save."""
-        if self.run.jit_step == step:
-            kind = KIND_JIT
-        elif max_steps > 0 and step >= max_steps:
-            kind = KIND_FINAL
-        else:
-            kind = KIND_PERIODIC
+        """HF wrote ``checkpoint-<step>`` on every rank: stage it, and leave after a JIT save.
+
+        The checkpoint of the last step is a periodic one like the others (the
+        sidecar drains it before the pod ends); the final model is what the
+        user's ``save_model()`` writes after ``train()``.
+        """
+        kind = KIND_JIT if self.run.jit_step == step else KIND_PERIODIC
         self.run.stage(self.checkpoint_dir(step), step, kind)
         if kind == KIND_JIT:
             self.run.exit_after_jit(*self.position())
+
+
+    # -- the final model --------------------------------------------------------
+    def final_target(self, output_dir: Any) -> Optional[str]:
+        """The directory a ``save_model(output_dir)`` call writes the final model to, or None.
+
+        None before ``train()`` returned normally, on ranks other than global 0,
+        and for a checkpoint's directory (HF saves checkpoints through
+        ``save_model`` too).
+        """
+        if not self.trained or dist.ranks()["rank"] != 0 or not final.enabled(self.config):
+            return None
+        directory = output_dir if output_dir is not None else self.original_output_dir
+        if not isinstance(directory, (str, os.PathLike)):
+            return None
+        directory = os.path.abspath(os.fspath(directory))
+        local = os.path.abspath(self.config.local_dir)
+        if step_of(os.path.basename(directory)) is not None or directory.startswith(local + os.sep):
+            return None
+        return directory
+
+    def saved_final(self, directory: str, before: final.Snapshot) -> None:
+        """``save_model`` wrote to ``directory``: record what it wrote as the final model."""
+        files = final.written(before, final.snapshot(directory))
+        self.run.final_output(directory, files, int(self.trainer.state.global_step))
 
 
 def _make_callback(base: type) -> type:
@@ -240,6 +273,8 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                     kwargs["resume_from_checkpoint"] = session.resume_argument(requested)
             except Exception as exc:
                 failed("resume", exc)
+            session.trained = False
+            session.run.training_again()
             FLAG.armed = config.jit
             try:
                 result = original(self, *args, **kwargs)
@@ -249,6 +284,7 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                     # SIGTERM came after the last step boundary: act as if it came now.
                     FLAG.raised = False
                     FLAG.deliver_as_before()
+            session.trained = session.run.jit_step is None
             session.run.capture_final_weights(getattr(self, "model", None))
             return result
 
@@ -262,8 +298,32 @@ def install(module: ModuleType, config: ShimConfig) -> None:
 
         return _get_output_dir
 
+    def make_save_model(original: Callable[..., Any]) -> Callable[..., Any]:
+        def save_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            session: Optional[TrainerSession] = getattr(self, ATTRIBUTE, None)
+            target: Optional[str] = None
+            before: final.Snapshot = {}
+            if session is not None:
+                try:
+                    target = session.final_target(args[0] if args else kwargs.get("output_dir"))
+                    before = final.snapshot(target) if target is not None else {}
+                except Exception as exc:
+                    failed("watching save_model", exc)
+                    target = None
+            result = original(self, *args, **kwargs)
+            if session is not None and target is not None:
+                try:
+                    session.saved_final(target, before)
+                except Exception as exc:
+                    failed("recording what save_model wrote", exc)
+            return result
+
+        return save_model
+
     _wrap(trainer_cls, "__init__", make_init)
     _wrap(trainer_cls, "train", make_train)
+    if hasattr(trainer_cls, "save_model"):
+        _wrap(trainer_cls, "save_model", make_save_model)
     if hasattr(trainer_cls, "_get_output_dir"):
         _wrap(trainer_cls, "_get_output_dir", make_output_dir)
     trainer_cls._jitckpt_patched = True

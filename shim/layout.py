@@ -28,6 +28,8 @@ PIDS_SUBDIR = "pids"  # pids/<pid>.pid: processes the preStop hook signals
 
 CHECKPOINT_PREFIX = "checkpoint-"
 MANIFEST_DIR = ".jitckpt"  # <root>/checkpoint-<step>/.jitckpt/node-<k>.json
+# <root>/final/: the trained model of the last run that finished (sidecar/final.py).
+FINAL_DIR = "final"
 
 # Exit code of a trainer after a JIT save: 128 + SIGTERM, never success.
 JIT_EXIT_CODE = 143
@@ -41,6 +43,7 @@ ENV_DIR = "JITCKPT_DIR"
 ENV_SOCKET = "JITCKPT_SOCKET"
 ENV_GRACE_SECONDS = "JITCKPT_GRACE_SECONDS"
 ENV_JIT = "JITCKPT_JIT"
+ENV_UPLOAD_FINAL = "JITCKPT_UPLOAD_FINAL"  # hand the final model to the sidecar at a normal end
 ENV_SAVE_STRATEGY = "JITCKPT_SAVE_STRATEGY"
 ENV_SAVE_STEPS = "JITCKPT_SAVE_STEPS"
 ENV_SAVE_TOTAL_LIMIT = "JITCKPT_SAVE_TOTAL_LIMIT"

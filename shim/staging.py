@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 import time
-from typing import List
+from typing import List, Optional, Sequence
 
 from .log import say_once
 from .protocol import Staged
@@ -39,8 +39,15 @@ def _link(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def stage(checkpoint_dir: str, staging_root: str, step: int, kind: str) -> Staged:
-    """Link every file of ``checkpoint_dir`` into a fresh ``staging_root/<id>/``.
+def stage(
+    checkpoint_dir: str,
+    staging_root: str,
+    step: int,
+    kind: str,
+    only: Optional[Sequence[str]] = None,
+) -> Staged:
+    """Link every file of ``checkpoint_dir`` (or ``only`` these, relative and ``/``-separated)
+    into a fresh ``staging_root/<id>/``.
 
     What it returns is the ``staged`` request that hands the links to the sidecar.
     """
@@ -51,6 +58,13 @@ def stage(checkpoint_dir: str, staging_root: str, step: int, kind: str) -> Stage
         staging_root, "%s-%s-%d-%d" % (name, kind, os.getpid(), time.time_ns())
     )
     _make_dir(target_root)
+    if only is not None:
+        for relative in only:
+            parts = relative.split("/")
+            for depth in range(1, len(parts)):  # each level made 0777, not just the leaf
+                _make_dir(os.path.join(target_root, *parts[:depth]))
+            _link(os.path.join(checkpoint_dir, *parts), os.path.join(target_root, *parts))
+        return Staged(step=step, kind=kind, dir=target_root, files=tuple(only))
     files: List[str] = []
     for here, dirs, names in os.walk(checkpoint_dir):
         dirs.sort()

@@ -12,6 +12,8 @@ apart:
 - staging a written ``checkpoint-<step>`` for the sidecar (local rank 0, once
   every local rank has written), and the exit with 143 after a JIT save,
   without returning into the user's code;
+- the final output (the trained model the program saves once training ended
+  normally), handed to the sidecar when the process exits with status 0;
 - two things only ``jitckpt demo`` asks for, through env vars its generated
   pods alone carry: hold at step K until the SIGTERM arrives (so the demo
   preempts at K however fast the script trains), and write the trained
@@ -25,9 +27,9 @@ import contextlib
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
-from . import dist, pids
+from . import dist, final, pids
 from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
@@ -207,6 +209,27 @@ class TrainingRun:
         os._exit(JIT_EXIT_CODE)
 
     # -- the normal end -------------------------------------------------------
+    def final_output(self, directory: str, files: Sequence[str], step: int) -> None:
+        """The program's own code wrote its final output: ``files``, relative to ``directory``.
+
+        Call it only for what is written once training ended normally (never
+        after a JIT stop). The files are handed to the sidecar, for
+        ``<job root>/final/``, when this process exits with status 0, from global
+        rank 0; a crash or any other status uploads nothing (``shim/final.py``).
+        """
+        try:
+            output = final.get(self.config, self.process.link)
+            if output is not None and files:
+                output.record(directory, files, step)
+        except Exception as exc:
+            failed("recording the final model", exc)
+
+    def training_again(self) -> None:
+        """Training starts (again): whatever was recorded as the final output is not."""
+        output = final.get(self.config, self.process.link) if self.config.upload_final else None
+        if output is not None:
+            output.forget()
+
     def capture_final_weights(self, model: Any) -> None:
         """Demo only: rank 0 writes ``model``'s state dict where the demo asked.
 
