@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, Union
 
+from .layout import MAX_NNODES
+
 VERSION = 1
 
 MAX_LINE = 64 * 1024  # bytes of a request line, newline excluded
@@ -39,7 +41,6 @@ MAX_ERROR = 1024  # the text of an error answer
 
 MAX_PID = (1 << 31) - 1
 MAX_RANK = 1 << 24  # ranks and world sizes far beyond any cluster
-MAX_NNODES = 1 << 16
 MAX_STEP = (1 << 53) - 1  # exactly representable by any JSON reader
 MAX_EXIT_CODE = 255
 
@@ -230,7 +231,7 @@ class Hello:
             rank=_int(body, "rank", 0, MAX_RANK),
             local_rank=_int(body, "local_rank", 0, MAX_RANK),
             world_size=_int(body, "world_size", 1, MAX_RANK),
-            node_rank=_int(body, "node_rank", 0, MAX_NNODES),
+            node_rank=_int(body, "node_rank", 0, MAX_NNODES - 1),
             nnodes=_int(body, "nnodes", 1, MAX_NNODES),
             framework=_text(body, "framework", MAX_NAME),
         )
