@@ -119,7 +119,9 @@ class JobRun:
         return [result.exit_code(container or self.trainer) for result in self.results]
 
     def trainer_logs(self) -> list[str]:
-        return [str(result.containers[self.trainer].log_path) for result in self.results]
+        """Each pod's trainer log (none for a pod that failed before its trainer started)."""
+        statuses = [result.containers.get(self.trainer) for result in self.results]
+        return [str(status.log_path) for status in statuses if status is not None]
 
     def messages(self, container: str = AGENT) -> list[str]:
         return [result.message(container) for result in self.results]
