@@ -104,12 +104,14 @@ def load_config(path: Path | None) -> WebhookConfig:
         return WebhookConfig()
     import yaml
 
+    from webhook import safeyaml
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = safeyaml.load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if data is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from webhook import safeyaml
 from webhook.config import ConfigError, WebhookConfig, load_config
 from webhook.mutate import NamespaceInfo
 
@@ -54,7 +55,7 @@ def split_concatenated(text: str) -> str:
 def load_documents(text: str, source: str) -> list[Any]:
     """Every non-empty YAML document of ``text``, in order."""
     try:
-        return [d for d in yaml.safe_load_all(split_concatenated(text)) if d is not None]
+        return [d for d in safeyaml.load_all(split_concatenated(text)) if d is not None]
     except yaml.YAMLError as exc:
         raise InputError(f"{source}: not valid YAML: {exc}") from None
 
