@@ -9,10 +9,12 @@ is an ordinary user script, and under the shim it gets saved on SIGTERM.
     python -m local.demo.train_tiny --output-dir out --max-steps 20
     torchrun --nproc-per-node 2 -m local.demo.train_tiny --output-dir out
 
-``--final-weights PATH`` saves the final state dict after ``trainer.train()``
-returns (the "final model" line a JIT save must never reach); ``--hidden-size``
-and ``--layers`` scale the model for benchmarks; ``--step-sleep`` slows each
-step so a test can send SIGTERM at a known step.
+``--hidden-size`` and ``--layers`` scale the model for benchmarks. The shim's
+own tests, which run it without the demo, use two more: ``--final-weights
+PATH`` saves the final state dict after ``trainer.train()`` returns (the
+"final model" line a JIT save must never reach) and ``--step-sleep`` slows
+each step so a test can send SIGTERM at a known step. The demo needs neither:
+its pods hold at the preemption step, and the shim captures the weights.
 """
 
 from __future__ import annotations

@@ -1,0 +1,111 @@
+"""``jitckpt demo --script S`` on unchanged user scripts, as a user runs it.
+
+Two ordinary HF Trainer scripts that know nothing of jitckpt and take no
+flags: ``reviews_fast.py`` trains about a hundred steps a second (far faster
+than the shim's once-a-second progress reports), ``notes_slow.py`` about one
+step a second (each batch is slow to fetch). Whatever the speed, the JIT
+checkpoint must be at the step asked for (or the next), and with ``--compare``
+the resumed run must end bitwise equal to a run never preempted, with nothing
+asked of the script. One case runs the job as TrainJob ``node`` pods.
+
+Each case is one real demo (three jobs with ``--compare``), so the cases are
+few and chosen to cover: 1 and 2 nodes, every pod or one preempted, both job
+kinds, both speeds, and a run without ``--compare``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).with_name("scripts")
+FAST = SCRIPTS / "reviews_fast.py"  # 120 steps on 1 node, 60 on 2
+SLOW = SCRIPTS / "notes_slow.py"  # 12 steps on 1 node
+JITCKPT = Path(sys.executable).with_name("jitckpt")
+
+
+@dataclass(frozen=True)
+class Case:
+    script: Path
+    nnodes: int
+    preempt_nodes: str
+    step: int
+    kind: str = "pytorchjob"
+    compare: bool = True
+    nproc_per_node: int = 1
+
+    @property
+    def id(self) -> str:
+        compare = "compare" if self.compare else "no-compare"
+        return (
+            f"{self.script.stem}-{self.kind}-{self.nnodes}x{self.nproc_per_node}-"
+            f"{self.preempt_nodes}-step{self.step}-{compare}"
+        )
+
+    def argv(self, workdir: Path) -> list[str]:
+        argv = [str(JITCKPT), "demo", "--script", str(self.script), "--json"]
+        argv += ["--nnodes", str(self.nnodes), "--nproc-per-node", str(self.nproc_per_node)]
+        argv += ["--preempt-at-step", str(self.step), "--preempt-nodes", self.preempt_nodes]
+        argv += ["--kind", self.kind, "--workdir", str(workdir), "--keep"]
+        return [*argv, "--compare"] if self.compare else argv
+
+
+CASES = [
+    Case(FAST, 1, "all", 17),
+    Case(FAST, 2, "all", 23),
+    Case(FAST, 2, "one", 9, kind="trainjob"),
+    Case(SLOW, 1, "all", 4),
+    Case(FAST, 1, "all", 31, compare=False, nproc_per_node=2),
+]
+
+
+def run_demo(case: Case, workdir: Path) -> tuple[dict[str, Any], str]:
+    done = subprocess.run(
+        case.argv(workdir), capture_output=True, text=True, timeout=480, check=False
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, (done.stdout, done.stderr[-3000:])  # one JSON object
+    summary: dict[str, Any] = json.loads(lines[0])
+    assert done.returncode == (0 if summary["ok"] else 1)
+    return summary, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_unchanged_script_is_preempted_at_the_step_and_resumes(case: Case, tmp_path: Path) -> None:
+    summary, account = run_demo(case, tmp_path / "demo")
+    context = f"{case.id}: {summary}\n{account[-4000:]}"
+    assert summary["ok"] is True, context
+    assert summary["failed_checks"] == [], context
+    assert summary["kind"] == {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}[case.kind]
+    # The demo's pods hold at the step: the JIT checkpoint is there however fast the steps.
+    assert summary["preempted_at_step"] == case.step, context
+    assert summary["jit_checkpoint_step"] in (case.step, case.step + 1), context
+    jit = summary["jit_checkpoint_step"]
+    assert summary["trainer_exit_codes"] == [143] * case.nnodes, context
+    # Every node committed the same JIT step, also the pod that got no SIGTERM.
+    assert len(summary["termination_messages"]) == case.nnodes, context
+    assert all(f"step {jit} (jit)" in m for m in summary["termination_messages"]), context
+    assert summary["resumed_from_step"] == jit, context
+    assert summary["final_exit_codes"] == [0] * case.nnodes, context
+    # the step the trainers' final progress report named: the end of training
+    assert summary["final_step"] == summary["max_steps"] > jit, context
+    if case.compare:
+        assert summary["equal_to_uninterrupted"] is True, context
+        assert "same result" in account and "bitwise equal" in account
+    else:
+        assert summary["equal_to_uninterrupted"] is None, context
+        assert "same result" not in account and "uninterrupted run" not in account
+    # The trainer is the kind's container, and the unchanged script ran to its end after
+    # resuming: its own save_model() wrote the model into the pod's working directory.
+    container = "node" if case.kind == "trainjob" else "pytorch"
+    for log in summary["trainer_logs"]["resumed"]:
+        assert Path(log).parent.name == container, log
+    resumed_work = tmp_path / "demo" / "work" / "run-2" / "node-0"
+    assert list(resumed_work.glob("*-model/model.safetensors")), list(resumed_work.rglob("*"))
