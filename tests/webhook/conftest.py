@@ -14,6 +14,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that compares with a golden file (it takes ``update_golden``) is marked
+    ``golden``: ``make golden`` rewrites them all, webhook and CLI, in one run."""
+    for item in items:
+        if "update_golden" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.golden)
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """True when the run should rewrite goldens instead of comparing with them."""

@@ -11,7 +11,6 @@ same code ``kubectl apply -k`` runs.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 import yaml
 
 from jitckpt.cli import build_parser
+from tests.support.tools import kubectl
 from tests.test_images import WEBHOOK_IMAGE
 from tests.webhook.server_support import REPO
 from webhook.config import load_config
@@ -81,13 +81,9 @@ def test_each_manifest_file_validates(path: Path) -> None:
         validate(doc)
 
 
-def kustomize(overlay: str) -> list[dict[str, Any]]:
-    if shutil.which("kubectl"):
-        argv = ["kubectl", "kustomize", str(DEPLOY / "overlays" / overlay)]
-    elif shutil.which("kustomize"):
-        argv = ["kustomize", "build", str(DEPLOY / "overlays" / overlay)]
-    else:
-        pytest.skip("neither kubectl nor kustomize is installed: overlays not rendered")
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize DIRECTORY``: what ``kubectl apply -k`` would send."""
+    argv = [kubectl(), "kustomize", str(directory)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
@@ -96,7 +92,7 @@ class Rendered:
     """One rendered overlay, looked up by kind and name."""
 
     def __init__(self, overlay: str) -> None:
-        self.docs = kustomize(overlay)
+        self.docs = kustomize(DEPLOY / "overlays" / overlay)
 
     def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
         found = [
