@@ -14,6 +14,8 @@ from pathlib import Path
 log = logging.getLogger("webhook.serve")
 
 DEFAULT_SERVICE = "jitckpt-webhook.jitckpt-system"
+KEEP_ALIVE_SECONDS = 5
+MAX_CONNECTIONS = 256
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +94,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from webhook.config import ConfigError, load_config
     from webhook.jsonlog import configure_logging
     from webhook.namespaces import NamespaceCache, NamespaceWatcher, kube_api_client
+    from webhook.readdeadline import ReadDeadlineH11Protocol
     from webhook.selfsigned import install
     from webhook.server import create_app
     from webhook.tls import ReloadingTLS
@@ -147,6 +150,12 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,
         ssl_context_factory=lambda _config, _default: tls.context,
         timeout_graceful_shutdown=10,
+        # Slow clients: a request must arrive whole within REQUEST_READ_SECONDS, an
+        # idle kept-alive connection is closed after KEEP_ALIVE_SECONDS, and past
+        # MAX_CONNECTIONS connections (or tasks) uvicorn answers 503 at once.
+        http=ReadDeadlineH11Protocol,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        limit_concurrency=MAX_CONNECTIONS,
     )
     log.info(
         "serving",

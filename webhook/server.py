@@ -64,25 +64,45 @@ log = logging.getLogger(__name__)
 QUIET_SKIPS = frozenset({SKIP_NOT_TRAINER, SKIP_ALREADY_INJECTED})
 # Enough of an oversized body to find the request uid in it.
 UID_PREFIX_BYTES = 64 * 1024
+# The API server sends a review at once and gives up after the webhook's
+# timeoutSeconds (10): a body still arriving after this many seconds comes from
+# a slow (or hostile) client that must not hold the server under failurePolicy Fail.
+BODY_READ_SECONDS = 5.0
+# Admissions handled at once, bodies included (each up to MAX_BODY_BYTES, in a
+# container limited to 256Mi); more are answered 503 at once, never queued.
+MAX_IN_FLIGHT = 16
+# HTTP status of a request that could not be reviewed and whose uid is unknown.
+_ERROR_CODES = {"too-large": 413, "timeout": 408, "busy": 503}
 
 
-class BodyTooLarge(Exception):
-    def __init__(self, prefix: bytes) -> None:
-        super().__init__("request body too large")
-        self.prefix = prefix
+class BodyUnread(Exception):
+    """The body was abandoned: too large, or too slow to arrive."""
+
+    def __init__(self, reason: str, message: str, prefix: bytes) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.prefix = prefix  # what was read, to find the uid in
 
 
-async def read_bounded(request: Request, limit: int) -> bytes:
-    """The request body, read as a stream and abandoned as soon as it exceeds ``limit``."""
+async def read_bounded(request: Request, limit: int, seconds: float) -> bytes:
+    """The request body, read as a stream and abandoned once it exceeds ``limit`` bytes
+    or is not complete after ``seconds``."""
     declared = request.headers.get("content-length", "")
     too_big_declared = declared.isdigit() and int(declared) > limit
+    too_large = f"request body exceeds {limit} bytes"
     buf = bytearray()
-    async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > limit or (too_big_declared and len(buf) >= UID_PREFIX_BYTES):
-            raise BodyTooLarge(bytes(buf[:UID_PREFIX_BYTES]))
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                buf += chunk
+                if len(buf) > limit or (too_big_declared and len(buf) >= UID_PREFIX_BYTES):
+                    raise BodyUnread("too-large", too_large, bytes(buf[:UID_PREFIX_BYTES]))
+    except TimeoutError:
+        message = f"request body not complete after {seconds:g} s"
+        raise BodyUnread("timeout", message, bytes(buf[:UID_PREFIX_BYTES])) from None
     if too_big_declared:
-        raise BodyTooLarge(bytes(buf[:UID_PREFIX_BYTES]))
+        raise BodyUnread("too-large", too_large, bytes(buf[:UID_PREFIX_BYTES]))
     return bytes(buf)
 
 
@@ -97,19 +117,34 @@ class AdmissionHandler:
         *,
         max_body_bytes: int,
         namespace_wait_seconds: float,
+        body_read_seconds: float,
+        max_in_flight: int,
     ) -> None:
         self.config = config
         self.namespaces = namespaces
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.namespace_wait_seconds = namespace_wait_seconds
+        self.body_read_seconds = body_read_seconds
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     async def handle(self, request: Request) -> tuple[int, dict[str, Any]]:
+        """One admission, or an at-once 503 while ``max_in_flight`` others are under way."""
+        if self.in_flight >= self.max_in_flight:
+            message = f"{self.max_in_flight} admissions in flight; try again"
+            return self._failed(ReviewError("busy", message))
+        self.in_flight += 1  # one event loop: no await between the check and this
         try:
-            body = await read_bounded(request, self.max_body_bytes)
-        except BodyTooLarge as exc:
-            message = f"request body exceeds {self.max_body_bytes} bytes"
-            return self._failed(ReviewError("too-large", message, uid_from_prefix(exc.prefix)))
+            return await self._handle(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle(self, request: Request) -> tuple[int, dict[str, Any]]:
+        try:
+            body = await read_bounded(request, self.max_body_bytes, self.body_read_seconds)
+        except BodyUnread as exc:
+            return self._failed(ReviewError(exc.reason, exc.message, uid_from_prefix(exc.prefix)))
         except ClientDisconnect:
             return self._failed(ReviewError("disconnected", "client went away mid-request"))
         try:
@@ -213,7 +248,7 @@ class AdmissionHandler:
         )
         if exc.uid:
             return 200, review(exc.uid, warnings=[f"jitckpt: {exc.message}; admitted unchanged"])
-        code = 413 if exc.reason == "too-large" else 400
+        code = _ERROR_CODES.get(exc.reason, 400)
         return code, review("", allowed=False, status_code=code, status_message=exc.message)
 
 
@@ -231,6 +266,8 @@ def create_app(
     ready: Callable[[], bool] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     namespace_wait_seconds: float = 2.0,
+    body_read_seconds: float = BODY_READ_SECONDS,
+    max_in_flight: int = MAX_IN_FLIGHT,
 ) -> FastAPI:
     """The admission app.
 
@@ -245,6 +282,8 @@ def create_app(
         metrics,
         max_body_bytes=max_body_bytes,
         namespace_wait_seconds=namespace_wait_seconds,
+        body_read_seconds=body_read_seconds,
+        max_in_flight=max_in_flight,
     )
     if ready is None:
         cache = namespaces
