@@ -104,8 +104,13 @@ def _node_env(container: dict[str, Any], names: tuple[str, ...]) -> EnvSource | 
         entry = by_name.get(name)
         if entry is None:
             continue
-        if "valueFrom" in entry:  # the same reference resolves to the same value in the sidecar
-            return {"valueFrom": entry["valueFrom"]}
+        source = entry.get("valueFrom")
+        if source is not None:
+            # A fieldRef resolves to the same value in the sidecar (the controllers use
+            # one for the completion index); a Secret or ConfigMap reference is not copied.
+            if not isinstance(source, dict) or set(source) != {"fieldRef"}:
+                return f"{name} comes from a valueFrom other than a fieldRef"
+            return {"valueFrom": source}
         value = entry.get("value", "")
         if not _INTEGER.fullmatch(value):
             return f"{name}={value!r} is not an integer"

@@ -41,6 +41,13 @@ def _value(name: str, value: str) -> dict[str, Any]:
         ([_value("PET_NNODES", "\u00b2"), _value("PET_NODE_RANK", "0")], "not an integer"),
         ([_value("PET_NNODES", "2"), _value("PET_NODE_RANK", "auto")], "not an integer"),
         ([_value("PET_NNODES", ""), _value("PET_NODE_RANK", "0")], "not an integer"),
+        (
+            [
+                {"name": "PET_NNODES", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                _value("PET_NODE_RANK", "0"),
+            ],
+            "other than a fieldRef",
+        ),
     ],
 )
 def test_a_worker_of_unknown_nodes_is_skipped(env: list[dict[str, Any]], words: str) -> None:
