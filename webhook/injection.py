@@ -234,6 +234,7 @@ def _trainer_env(
         (layout.ENV_SOCKET, layout.SOCKET_PATH),
         (layout.ENV_GRACE_SECONDS, str(grace)),
         (layout.ENV_JIT, values["jit"]),
+        (layout.ENV_UPLOAD_FINAL, values["upload-final"]),
         (layout.ENV_TORCH_SHUTDOWN, str(layout.shutdown_timeout(grace))),
     ]
     for setting, env_name in (

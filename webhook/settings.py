@@ -218,6 +218,13 @@ _SETTINGS = (
         _one_of(SIDECAR_MODES),
         "native sidecar (Kubernetes 1.29+) or legacy init container + container",
     ),
+    Setting(
+        "upload-final",
+        "true",
+        "must be true or false",
+        _one_of(BOOLEANS),
+        "at a normal end of training, upload the model the program saved to <job root>/final/",
+    ),
 )
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in _SETTINGS}
