@@ -50,6 +50,8 @@ HOLD_TIMEOUT_SECONDS = 300.0
 HOLD_REPORT_SECONDS = 1.0
 # Values of the hold agreement (all-reduce MAX): nothing yet, give up, SIGTERM came.
 _HOLD_WAIT, _HOLD_GIVE_UP, _HOLD_STOP = 0, 1, 2
+# Votes at a step end (all-reduce MAX): train on, stop for a JIT save, every rank leaves.
+_VOTE_GO, _VOTE_STOP, _VOTE_LEAVE = 0, 1, 2
 
 
 def hand_over(
@@ -91,13 +93,25 @@ class TrainingRun:
         self.jit_step: Optional[int] = None
         self.hold_at_step = _env_int(ENV_DEMO_HOLD_AT_STEP)
         self._held = False
+        self.left = False  # some rank could no longer follow the loop: no more agreement
 
     # -- start ----------------------------------------------------------------
-    def start(self, current_step: Callable[[], int]) -> None:
-        """Say hello to the sidecar and turn SIGTERM into a flag (when JIT is on)."""
+    def start(
+        self, current_step: Callable[[], int], on_sigterm: Optional[Callable[[], None]] = None
+    ) -> None:
+        """Say hello to the sidecar and turn SIGTERM into a flag (when JIT is on).
+
+        ``on_sigterm`` runs too when the first SIGTERM arrives (inside the signal handler).
+        """
         self.process.hello(self.framework)
         if self.config.jit:
-            FLAG.install(lambda: self.process.link.sigterm(current_step()))
+
+            def first() -> None:
+                self.process.link.sigterm(current_step())
+                if on_sigterm is not None:
+                    on_sigterm()
+
+            FLAG.install(first)
 
     def checkpoint_path(self, step: int) -> str:
         """Where the sidecar restores ``checkpoint-<step>`` (and where frameworks save)."""
@@ -110,6 +124,10 @@ class TrainingRun:
             return restored.step
         newest = newest_checkpoint(self.config.checkpoints_dir, self.marker)
         return newest[0] if newest is not None else None
+
+    def local_resume_step(self) -> Optional[int]:
+        """The step this process could resume from on its own (no agreement with other ranks)."""
+        return self._candidate()
 
     def resume_step(self) -> Optional[int]:
         """The step every rank resumes from (None: start fresh). Collective: all ranks call it."""
@@ -126,25 +144,33 @@ class TrainingRun:
         return step
 
     # -- the step boundary ----------------------------------------------------
-    def stop_agreed(self) -> bool:
-        """Whether any rank got SIGTERM (all ranks call this at the same step)."""
-        return dist.all_reduce_int(1 if FLAG.raised else 0, maximum=True) > 0
-
-    def at_step_end(self, step: int, max_steps: int, epoch: float) -> bool:
+    def at_step_end(self, step: int, max_steps: int, epoch: float, leave: bool = False) -> bool:
         """Report progress and agree on the stop; True when every rank stops at ``step``.
 
         Collective: every rank calls it after every optimizer step. Sets
-        ``jit_step`` when the answer is True.
+        ``jit_step`` when the answer is True. ``leave``: this rank can no
+        longer follow the loop; when any rank says so, every rank leaves at
+        this step (``left`` turns True, the answer is False) and the run
+        agrees on nothing more, so no rank waits in a collective the others
+        have stopped calling.
         """
-        if self.jit_step is not None or not self.config.jit:
+        if self.left or self.jit_step is not None or not self.config.jit:
             self.process.link.progress(step, max_steps, epoch)
             return False
         if self.hold_at_step is not None and step >= self.hold_at_step and not self._held:
             self._held = True
+            if dist.all_reduce_int(_VOTE_LEAVE if leave else _VOTE_GO, maximum=True):
+                self.left = True
+                return False
             stop = self._hold(step, max_steps, epoch)
         else:
             self.process.link.progress(step, max_steps, epoch)
-            stop = self.stop_agreed()
+            vote = _VOTE_LEAVE if leave else (_VOTE_STOP if FLAG.raised else _VOTE_GO)
+            agreed = dist.all_reduce_int(vote, maximum=True)
+            if agreed == _VOTE_LEAVE:
+                self.left = True
+                return False
+            stop = agreed == _VOTE_STOP
         if stop:
             self.jit_step = step
             say("stopping at step %d for a JIT checkpoint" % step)

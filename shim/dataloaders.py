@@ -1,0 +1,619 @@
+"""Where each data loader of a plain loop is, and replaying that place after a resume.
+
+Every ``torch.utils.data.DataLoader`` gets a ``LoaderTrack`` when it is built
+(its creation index identifies it in the next process). Each pass over it
+(each ``iter()``) is a ``Position``: which pass, how many batches the loop has
+taken, and the random states at the pass's start (the sampler's order and the
+workers' seeds are drawn from them). Passes during which optimizer steps
+happened are the *training* passes.
+
+After a resume the loop runs from its top again. Training passes that were
+finished yield nothing; the interrupted pass starts from the same random
+states, so its sampler produces the same order, and skips the batches already
+trained on by advancing the sampler's indices (no batch is loaded). The
+controller (``plainloop``) puts the rest of the state back at the first batch
+request of that pass: the *resume point*, the same place in the program where
+the JIT checkpoint was written.
+
+Accelerate's ``DataLoaderShard`` reads one batch ahead of what it yields, so
+for it the position counts what the shard yields, and the base loader inside
+it skips exactly that many batches.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from . import rngstate
+from .created import Created
+
+ATTR_TRACK = "_jitckpt_track"
+ATTR_POSITION = "_jitckpt_position"
+NO_BATCH = (
+    "an optimizer step came without a new batch from a DataLoader "
+    "(itertools.cycle, a list of batches, or batches made another way)"
+)
+NEW_ITERATOR_PER_BATCH = "a new iterator for every batch (next(iter(loader)))"
+
+
+class Listener:
+    """What the controller is told (the default does nothing)."""
+
+    def iteration_begins(self, track: "LoaderTrack") -> None:
+        """A pass over a tracked loader is about to begin."""
+
+    def before_batch(self, position: "Position", iterator: Any) -> None:
+        """The loop asks for a batch (the save point and the resume point are here)."""
+
+    def plan_refused(self, reason: str) -> None:
+        """A loader does not match the checkpoint's record of it."""
+
+
+class Position:
+    """One pass over a loader, as the training loop sees it."""
+
+    __slots__ = (
+        "counts",
+        "exhausted",
+        "fed",
+        "iteration",
+        "owner",
+        "resume_here",
+        "start",
+        "track",
+        "yielded",
+    )
+
+    def __init__(
+        self,
+        track: "LoaderTrack",
+        iteration: int,
+        yielded: int = 0,
+        start: Optional[Dict[str, Any]] = None,
+        counts: bool = True,
+    ) -> None:
+        self.track = track
+        self.iteration = iteration
+        self.yielded = yielded  # batches the loop took from this pass (a resumed pass included)
+        self.exhausted = False
+        self.start = start  # random states at the pass's start
+        self.counts = counts  # False: the base pass inside an Accelerate shard
+        self.fed = 0  # batches taken since the last optimizer step
+        self.resume_here = False  # the next batch request is the resume point
+        self.owner: Any = None  # what the loop iterates (for the save point's checks)
+
+
+class LoaderPlan:
+    """What the checkpoint says about one loader: where to replay it to."""
+
+    def __init__(self, saved: Dict[str, Any]) -> None:
+        self.index = int(saved["index"])
+        self.iteration = int(saved["iteration"])
+        self.yielded = int(saved["yielded"])
+        self.exhausted = bool(saved["exhausted"])
+        self.trigger = bool(saved["trigger"])
+        self.start: Dict[str, Any] = saved["start"]
+        self.training: List[List[int]] = [list(r) for r in saved["training"]]
+        self.signature: Dict[str, Any] = saved["signature"]
+
+    def trained(self, iteration: int) -> bool:
+        return any(first <= iteration <= last for first, last in self.training)
+
+
+class LoaderTrack:
+    """One data loader of this process."""
+
+    def __init__(self, index: int, signature: Dict[str, Any], problem: Optional[str]) -> None:
+        self.index = index
+        self.signature = signature
+        self.problem = problem  # why its position cannot be replayed (None: it can)
+        self.iterations = 0  # passes begun so far (the next one gets this number)
+        self.current: Optional[Position] = None
+        self.training: List[List[int]] = []  # [first, last] ranges of training passes
+        self.plan: Optional[LoaderPlan] = None
+        self.outer = False  # an Accelerate shard counts this loader's batches
+        self.nested: Optional[tuple] = None  # (skip, resume) for the shard's next base pass
+        self.pending_skip: Optional[int] = None  # read by ``_index_sampler`` while a pass is built
+        self.short_passes = 0  # training passes left after one batch, in a row
+
+    def mark_training(self, iteration: int) -> None:
+        if self.training and self.training[-1][1] >= iteration - 1:
+            self.training[-1][1] = max(self.training[-1][1], iteration)
+        else:
+            self.training.append([iteration, iteration])
+
+    def is_training(self, iteration: int) -> bool:
+        return any(first <= iteration <= last for first, last in self.training)
+
+
+class _Done:
+    """A finished training pass, replayed: it yields nothing."""
+
+    def __iter__(self) -> "_Done":
+        return self
+
+    def __next__(self) -> Any:
+        raise StopIteration
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _SkippingSampler:
+    """The loader's index sampler, minus the first ``skip`` batches of indices."""
+
+    def __init__(self, sampler: Any, skip: int) -> None:
+        self.sampler = sampler
+        self.skip = skip
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> "Skipping":
+        return Skipping(iter(self.sampler), self.skip)
+
+
+class Skipping:
+    """Indices after the skipped ones; ``prime`` makes the sampler draw its order now.
+
+    A ``RandomSampler`` draws its seed from torch's generator at its first
+    ``next()``. At the resume point the skip is done (and the seed drawn)
+    before the other random states are put back, as in the first run, where
+    the seed was drawn long before the step the checkpoint was written at.
+    """
+
+    def __init__(self, inner: Iterator[Any], skip: int) -> None:
+        self._inner = inner
+        self._skip = skip
+        self._ahead: List[Any] = []
+        self._primed = False
+
+    def prime(self) -> None:
+        if self._primed:
+            return
+        self._primed = True
+        try:
+            for _ in range(self._skip):
+                next(self._inner)
+            self._ahead.append(next(self._inner))
+        except StopIteration:
+            pass
+
+    def __iter__(self) -> "Skipping":
+        return self
+
+    def __next__(self) -> Any:
+        self.prime()
+        if self._ahead:
+            return self._ahead.pop()
+        return next(self._inner)
+
+
+class Tracker:
+    """Every data loader of this process and the passes over them."""
+
+    def __init__(self) -> None:
+        self.on = True
+        self.listener = Listener()
+        self.loaders = Created()
+        self.created = 0
+        self.plans: Dict[int, LoaderPlan] = {}
+        self.replayed = False  # a planned pass was replayed (no starting over after that)
+        self.last: Optional[Position] = None  # the pass the loop took a batch from last
+        self.known_samplers: set = set()
+        self.shard_hooks: Dict[str, Callable[..., None]] = {}
+
+    # -- building ---------------------------------------------------------------
+    def created_loader(self, loader: Any) -> None:
+        track = LoaderTrack(self.created, _signature(loader), self._problem(loader))
+        self.created += 1
+        loader.__dict__[ATTR_TRACK] = track
+        self.loaders.add(loader)
+        plan = self.plans.pop(track.index, None)
+        if plan is not None:
+            self._attach(track, plan)
+
+    def _problem(self, loader: Any) -> Optional[str]:
+        from torch.utils.data import DataLoader
+        from torch.utils.data.dataloader import _DatasetKind
+
+        kind = type(loader).__name__
+        if type(loader).__iter__ is not DataLoader.__iter__:
+            return "%s has its own __iter__" % kind
+        if loader._dataset_kind == _DatasetKind.Iterable:
+            return "a DataLoader over an IterableDataset (its place cannot be found again)"
+        if loader.persistent_workers and loader.num_workers > 0:
+            return "persistent DataLoader workers (their random states carry over between passes)"
+        for sampler in _samplers(loader):
+            if type(sampler).__iter__ not in self.known_samplers:
+                return (
+                    "sampler %s (its order cannot be known to be replayable)"
+                    % type(sampler).__name__
+                )
+        return None
+
+    # -- plans from a checkpoint -------------------------------------------------
+    def assign(self, saved: List[Dict[str, Any]]) -> None:
+        """Replay these loaders' positions (the existing ones now, later ones when built)."""
+        self.plans = {}
+        for entry in saved:
+            plan = LoaderPlan(entry)
+            self.plans[plan.index] = plan
+        for loader in self.loaders.alive():
+            track = loader.__dict__[ATTR_TRACK]
+            found = self.plans.pop(track.index, None)
+            if found is not None:
+                self._attach(track, found)
+
+    def _attach(self, track: LoaderTrack, plan: LoaderPlan) -> None:
+        if plan.signature != track.signature:
+            self.listener.plan_refused(
+                "DataLoader #%d is not the one the checkpoint knows (%s, now %s)"
+                % (track.index, plan.signature, track.signature)
+            )
+            return
+        if track.iterations > plan.iteration:
+            self.listener.plan_refused(
+                "DataLoader #%d was already past its saved place" % track.index
+            )
+            return
+        track.plan = plan
+        track.training = [list(r) for r in plan.training]
+
+    def drop_plans(self) -> None:
+        self.plans = {}
+        for loader in self.loaders.alive():
+            loader.__dict__[ATTR_TRACK].plan = None
+
+    def pending(self) -> bool:
+        """Some planned pass has not been replayed yet."""
+        if self.plans:
+            return True
+        return any(loader.__dict__[ATTR_TRACK].plan for loader in self.loaders.alive())
+
+    # -- a pass begins -----------------------------------------------------------
+    def begin(self, track: LoaderTrack, loader: Any, make: Callable[[], Any], shard: Any) -> Any:
+        """Start pass number ``track.iterations`` (replayed, when the checkpoint says so)."""
+        self.listener.iteration_begins(track)
+        number = track.iterations
+        track.iterations += 1
+        self._note_short_pass(track)
+        plan = track.plan
+        replay: Optional[LoaderPlan] = None
+        if plan is not None and number <= plan.iteration:
+            finished = number < plan.iteration or (plan.exhausted and not plan.trigger)
+            if number == plan.iteration:
+                track.plan = None
+            if finished and plan.trained(number):
+                self.replayed = True
+                position = Position(track, number)
+                position.exhausted = True
+                track.current = position
+                return _Done()
+            if not finished:
+                replay = plan
+        roots = (shard, loader) if shard is not None else (loader,)
+        if replay is not None:
+            self.replayed = True
+            _put_back(replay.start, roots, shard)
+            position = Position(track, number, replay.yielded, replay.start)
+            skip: Optional[int] = replay.yielded
+            resume = replay.trigger
+        else:
+            position = Position(track, number, 0, _capture(roots, shard))
+            skip, resume = None, False
+        track.current = position
+        if shard is not None:
+            track.nested = (skip, resume) if skip is not None else None
+            generator = self._counting(position, make(), shard, replay)
+            position.owner = generator
+            return generator
+        position.resume_here = resume
+        iterator = self._build(track, make, skip)
+        try:
+            iterator.__dict__[ATTR_POSITION] = position
+            position.owner = iterator
+        except AttributeError:
+            track.problem = "its iterator is a %s" % type(iterator).__name__
+        return iterator
+
+    def nested(self, track: LoaderTrack, make: Callable[[], Any]) -> Any:
+        """The base pass inside an Accelerate shard's pass: skip and resume as it was told."""
+        pending, track.nested = track.nested, None
+        if pending is None:
+            return make()
+        skip, resume = pending
+        iterator = self._build(track, make, skip)
+        if resume:
+            position = Position(track, -1, counts=False)
+            position.resume_here = True
+            iterator.__dict__[ATTR_POSITION] = position
+        return iterator
+
+    @staticmethod
+    def _build(track: LoaderTrack, make: Callable[[], Any], skip: Optional[int]) -> Any:
+        track.pending_skip = skip
+        try:
+            return make()
+        finally:
+            track.pending_skip = None
+
+    def _note_short_pass(self, track: LoaderTrack) -> None:
+        previous = track.current
+        if previous is None or previous.exhausted or not track.is_training(previous.iteration):
+            return
+        if previous.yielded <= 1:
+            track.short_passes += 1
+            if track.short_passes >= 2 and track.problem is None:
+                track.problem = NEW_ITERATOR_PER_BATCH
+        else:
+            track.short_passes = 0
+
+    def _counting(
+        self, position: Position, inner: Iterator[Any], shard: Any, replay: Optional[LoaderPlan]
+    ) -> Iterator[Any]:
+        try:
+            while True:
+                self.listener.before_batch(position, None)
+                try:
+                    batch = next(inner)
+                except StopIteration:
+                    position.exhausted = True
+                    if replay is not None and 0 < replay.yielded == position.yielded:
+                        self._shard_done(shard)
+                    return
+                position.yielded += 1
+                position.fed += 1
+                self.last = position
+                yield batch
+        finally:
+            close = getattr(inner, "close", None)
+            if close is not None:
+                close()
+
+    def _shard_done(self, shard: Any) -> None:
+        """The replayed pass of a shard had nothing left after the skip."""
+        hook = self.shard_hooks.get("pass_skipped_whole")
+        if hook is not None:
+            hook(shard)
+
+    # -- batches ---------------------------------------------------------------
+    def next_batch(self, iterator: Any, original: Callable[[Any], Any]) -> Any:
+        position: Optional[Position] = iterator.__dict__.get(ATTR_POSITION)
+        if position is None or not self.on:
+            return original(iterator)
+        self.listener.before_batch(position, iterator)
+        try:
+            batch = original(iterator)
+        except StopIteration:
+            if position.counts:
+                position.exhausted = True
+            raise
+        if position.counts:
+            position.yielded += 1
+            position.fed += 1
+            self.last = position
+        return batch
+
+    # -- at an optimizer step ----------------------------------------------------
+    def step_taken(self) -> Optional[str]:
+        """Mark the passes that fed this step as training passes; why not, if they cannot be."""
+        fed = False
+        problem = None
+        for loader in self.loaders.alive():
+            track: LoaderTrack = loader.__dict__[ATTR_TRACK]
+            position = track.current
+            if position is None or position.fed == 0:
+                continue
+            position.fed = 0
+            if position.exhausted:
+                continue  # a pass that ended before the step (an evaluation): not training
+            fed = True
+            track.mark_training(position.iteration)
+            if track.problem is not None and problem is None:
+                problem = "DataLoader #%d: %s" % (track.index, track.problem)
+        if problem is not None:
+            return problem
+        return None if fed else NO_BATCH
+
+    def epoch(self) -> float:
+        """The loop's place in epochs: the pass it took a batch from last, and how far in."""
+        position = self.last
+        if position is None:
+            return 0.0
+        length = position.track.signature.get("length")
+        fraction = position.yielded / length if isinstance(length, int) and length > 0 else 0.0
+        return position.iteration + min(fraction, 1.0)
+
+    def snapshot(self, trigger: Position) -> List[Dict[str, Any]]:
+        """Every training loader's place, for the checkpoint."""
+        saved = []
+        for loader in self.loaders.alive():
+            track: LoaderTrack = loader.__dict__[ATTR_TRACK]
+            position = track.current
+            if position is None or (not track.training and position is not trigger):
+                continue
+            saved.append(
+                {
+                    "index": track.index,
+                    "iteration": position.iteration,
+                    "yielded": position.yielded,
+                    "exhausted": position.exhausted,
+                    "trigger": position is trigger,
+                    "start": position.start,
+                    "training": [list(r) for r in track.training],
+                    "signature": track.signature,
+                }
+            )
+        return saved
+
+    def shutdown_workers(self) -> None:
+        """Stop the worker processes of passes still open (before the process exits)."""
+        for loader in self.loaders.alive():
+            position = loader.__dict__[ATTR_TRACK].current
+            owner = position.owner if position is not None else None
+            shutdown = getattr(owner, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
+
+TRACKER = Tracker()
+
+
+def _signature(loader: Any) -> Dict[str, Any]:
+    """What must be the same for a loader to be the one a checkpoint knows."""
+    try:
+        length: Optional[int] = len(loader)
+    except Exception:
+        length = None
+    try:
+        dataset_length: Optional[int] = len(loader.dataset)
+    except Exception:
+        dataset_length = None
+    return {
+        "class": type(loader).__name__,
+        "length": length,
+        "dataset": dataset_length,
+        "batch_size": loader.batch_size if isinstance(loader.batch_size, int) else None,
+    }
+
+
+def _samplers(loader: Any) -> List[Any]:
+    """The loader's index sampler and every sampler it draws from."""
+    found: List[Any] = []
+    pending = [loader.__dict__.get("batch_sampler") or loader.__dict__.get("sampler")]
+    while pending and len(found) < 8:
+        sampler = pending.pop()
+        if sampler is None or any(sampler is seen for seen in found):
+            continue
+        found.append(sampler)
+        attributes = getattr(sampler, "__dict__", {})
+        pending += [attributes.get("sampler"), attributes.get("batch_sampler")]
+    return found
+
+
+def _capture(roots: tuple, shard: Any) -> Dict[str, Any]:
+    state: Dict[str, Any] = {
+        "rng": rngstate.capture(),
+        "generators": [g.get_state() for g in rngstate.generators(*roots)],
+    }
+    if shard is not None:
+        state["iteration"] = int(shard.__dict__.get("iteration", 0))
+    return state
+
+
+def _put_back(start: Dict[str, Any], roots: tuple, shard: Any) -> None:
+    rngstate.restore(start["rng"])
+    found = rngstate.generators(*roots)
+    if len(found) != len(start["generators"]):
+        TRACKER.listener.plan_refused(
+            "a DataLoader now carries %d random generators, the checkpoint %d"
+            % (len(found), len(start["generators"]))
+        )
+        return
+    for generator, state in zip(found, start["generators"]):
+        generator.set_state(state)
+    if shard is not None and "iteration" in start:
+        shard.iteration = start["iteration"]
+
+
+def install(torch: Any) -> None:
+    """Patch ``DataLoader`` and its iterators (the post-import hook on torch calls this)."""
+    from torch.utils.data import DataLoader, sampler
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.distributed import DistributedSampler
+
+    if getattr(DataLoader, "_jitckpt_patched", False):
+        return
+    for known in (
+        sampler.SequentialSampler,
+        sampler.RandomSampler,
+        sampler.SubsetRandomSampler,
+        sampler.WeightedRandomSampler,
+        sampler.BatchSampler,
+        DistributedSampler,
+    ):
+        TRACKER.known_samplers.add(known.__iter__)
+
+    init, iterate = DataLoader.__init__, DataLoader.__iter__
+    index_sampler: Any = DataLoader.__dict__["_index_sampler"]
+    next_of = _BaseDataLoaderIter.__next__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        TRACKER.created_loader(self)
+
+    @functools.wraps(iterate)
+    def __iter__(self: Any) -> Any:
+        track: Optional[LoaderTrack] = self.__dict__.get(ATTR_TRACK)
+        if track is None or not TRACKER.on:
+            return iterate(self)
+        if track.outer:
+            return TRACKER.nested(track, lambda: iterate(self))
+        return TRACKER.begin(track, self, lambda: iterate(self), None)
+
+    def _index_sampler(self: Any) -> Any:
+        chosen = index_sampler.fget(self)
+        track: Optional[LoaderTrack] = self.__dict__.get(ATTR_TRACK)
+        if track is not None and track.pending_skip is not None:
+            return _SkippingSampler(chosen, track.pending_skip)
+        return chosen
+
+    @functools.wraps(next_of)
+    def __next__(self: Any) -> Any:
+        return TRACKER.next_batch(self, next_of)
+
+    DataLoader.__init__ = __init__  # type: ignore[method-assign]
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    DataLoader._index_sampler = property(_index_sampler)  # type: ignore[method-assign,assignment]
+    _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
+    DataLoader._jitckpt_patched = True  # type: ignore[attr-defined]
+
+
+def install_accelerate(module: Any) -> None:
+    """Follow Accelerate's ``DataLoaderShard`` (hook on ``accelerate.data_loader``)."""
+    shard_cls = getattr(module, "DataLoaderShard", None)
+    if shard_cls is None or getattr(shard_cls, "_jitckpt_patched", False):
+        return
+    for name in ("BatchSamplerShard", "SeedableRandomSampler", "SkipBatchSampler"):
+        known = getattr(module, name, None)
+        if known is not None:
+            TRACKER.known_samplers.add(known.__iter__)
+    shard_iter = shard_cls.__iter__
+
+    @functools.wraps(shard_iter)
+    def __iter__(self: Any) -> Any:
+        base = self.__dict__.get("base_dataloader")
+        track = base.__dict__.get(ATTR_TRACK) if base is not None else None
+        if track is None or not TRACKER.on:
+            return shard_iter(self)
+        if not track.outer:
+            track.outer = True
+            if self.__dict__.get("skip_batches") and track.problem is None:
+                track.problem = "Accelerate's skip_batches"
+        return TRACKER.begin(track, base, lambda: shard_iter(self), self)
+
+    def pass_skipped_whole(shard: Any) -> None:
+        # Accelerate counts a pass (``iteration``) only when its body yielded a batch;
+        # the first run's pass did, the replayed one had nothing left after the skip.
+        shard.iteration = int(shard.iteration) + 1
+
+    TRACKER.shard_hooks["pass_skipped_whole"] = pass_skipped_whole
+    shard_cls.__iter__ = __iter__
+    shard_cls._jitckpt_patched = True
+    dispatcher = getattr(module, "DataLoaderDispatcher", None)
+    if dispatcher is not None and not getattr(dispatcher, "_jitckpt_patched", False):
+        dispatch_iter = dispatcher.__iter__
+
+        @functools.wraps(dispatch_iter)
+        def dispatch(self: Any) -> Any:
+            base = self.__dict__.get("base_dataloader")
+            track = base.__dict__.get(ATTR_TRACK) if base is not None else None
+            if track is not None:
+                track.problem = "Accelerate's DataLoaderDispatcher (batches come from rank 0)"
+            return dispatch_iter(self)
+
+        dispatcher.__iter__ = dispatch
+        dispatcher._jitckpt_patched = True

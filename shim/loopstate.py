@@ -1,0 +1,243 @@
+"""A plain loop's training state: which objects, and the checkpoint files that hold it.
+
+The objects are those the program created (``created``, in creation order):
+the *training modules* (the outermost modules, DDP or Accelerate wrappers
+included, whose parameters an optimizer holds), every optimizer, LR scheduler
+and grad scaler. The same script creates them in the same order after a
+restart, which is how a saved one finds its counterpart.
+
+Format 1, inside ``checkpoint-<step>/loop-state/``:
+
+- ``rank-<R>.pt`` for each global rank R, written with ``torch.save``: a dict
+  of ``format``, ``step``, ``rank``, ``world_size``, ``modules`` /
+  ``optimizers`` / ``schedulers`` / ``scalers`` (lists of ``{"class",
+  "state"}`` with each object's ``state_dict()``), ``rng`` (the random states
+  at the save point) and ``loaders`` (each training loader's place, see
+  ``dataloaders``). Only tensors, lists, dicts, strings and numbers, so it
+  loads with ``torch.load(weights_only=True)``.
+- ``node-<K>.json``, written by node K's local rank 0 once every rank of the
+  node wrote its file: the mark that the node's part is complete.
+
+Every rank saves its whole state; with DDP that is one copy of the model per
+rank (simple, and any rank restores from its own file alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional
+
+from .created import Created, note_instances
+
+FORMAT = 1
+STATE_DIR = "loop-state"
+
+MODULES = Created()
+OPTIMIZERS = Created()
+SCHEDULERS = Created()
+SCALERS = Created()
+
+# Module packages whose state is sharded across ranks: a per-rank copy is not a checkpoint.
+_SHARDED = ("torch.distributed.fsdp", "deepspeed", "torch.distributed._composable.fsdp")
+
+
+def install(torch: Any) -> None:
+    """Note every module, optimizer, scheduler and scaler the program creates from now on."""
+    note_instances(torch.nn.Module, MODULES)
+    note_instances(torch.optim.Optimizer, OPTIMIZERS)
+    note_instances(torch.optim.lr_scheduler.LRScheduler, SCHEDULERS)
+    note_instances(torch.amp.GradScaler, SCALERS)
+
+
+def rank_file(directory: str, rank: int) -> str:
+    return os.path.join(directory, STATE_DIR, "rank-%05d.pt" % rank)
+
+
+def node_marker(node: int) -> str:
+    """The file a node writes last, relative to the checkpoint directory."""
+    return os.path.join(STATE_DIR, "node-%d.json" % node)
+
+
+class Objects:
+    """The training objects alive in this process now."""
+
+    def __init__(self) -> None:
+        self.optimizers = OPTIMIZERS.alive()
+        self.modules = training_modules(MODULES.alive(), self.optimizers)
+        self.schedulers = SCHEDULERS.alive()
+        self.scalers = SCALERS.alive()
+
+    def uncovered(self) -> int:
+        """How many parameters the optimizers hold that no training module holds."""
+        held = {id(p) for p in _held_parameters(self.optimizers)}
+        for module in self.modules:
+            for parameter in module.parameters():
+                held.discard(id(parameter))
+        return len(held)
+
+    def sharded(self) -> Optional[str]:
+        """The class of a module whose state is sharded across ranks, if there is one."""
+        for module in self.modules:
+            for inner in module.modules():
+                if type(inner).__module__.startswith(_SHARDED):
+                    return type(inner).__name__
+        return None
+
+
+def _held_parameters(optimizers: List[Any]) -> List[Any]:
+    return [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+
+
+def training_modules(modules: List[Any], optimizers: List[Any]) -> List[Any]:
+    """The outermost noted modules whose parameters an optimizer holds, oldest first."""
+    held = {id(p) for p in _held_parameters(optimizers)}
+    if not held:
+        return []
+    parent: Dict[int, Any] = {}
+    for module in modules:
+        for child in module._modules.values():
+            if child is not None:
+                parent.setdefault(id(child), module)
+    order = {id(module): index for index, module in enumerate(modules)}
+    roots: Dict[int, Any] = {}
+    for module in modules:
+        if not any(p is not None and id(p) in held for p in module._parameters.values()):
+            continue
+        top, seen = module, set()
+        while id(top) in parent and id(top) not in seen:
+            seen.add(id(top))
+            top = parent[id(top)]
+        roots[id(top)] = top
+    return sorted(roots.values(), key=lambda m: order.get(id(m), len(order)))
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays (a scheduler's best metric) as numbers and lists."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, (numpy.generic, numpy.ndarray)):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    return value
+
+
+def _entries(objects: List[Any]) -> List[Dict[str, Any]]:
+    return [{"class": type(o).__name__, "state": _plain(o.state_dict())} for o in objects]
+
+
+def collect(objects: Objects, step: int, rank: int, world_size: int) -> Dict[str, Any]:
+    """This rank's state (random states and loaders are added by the caller)."""
+    return {
+        "format": FORMAT,
+        "step": step,
+        "rank": rank,
+        "world_size": world_size,
+        "modules": [{"class": type(m).__name__, "state": m.state_dict()} for m in objects.modules],
+        "optimizers": _entries(objects.optimizers),
+        "schedulers": _entries(objects.schedulers),
+        "scalers": _entries(objects.scalers),
+    }
+
+
+def write(directory: str, rank: int, payload: Dict[str, Any]) -> None:
+    """This rank's file, complete or absent (written aside, then renamed)."""
+    import torch
+
+    path = rank_file(directory, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = "%s.tmp-%d" % (path, os.getpid())
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def write_marker(directory: str, node: int, step: int, world_size: int) -> None:
+    path = os.path.join(directory, node_marker(node))
+    temporary = "%s.tmp-%d" % (path, os.getpid())
+    with open(temporary, "w") as handle:
+        json.dump({"format": FORMAT, "step": step, "node": node, "world_size": world_size}, handle)
+    os.replace(temporary, path)
+
+
+def read(directory: str, rank: int) -> Optional[Dict[str, Any]]:
+    """This rank's saved state, or None when the checkpoint holds no plain-loop state."""
+    import torch
+
+    path = rank_file(directory, rank)
+    if not os.path.isfile(path):
+        return None
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    return loaded if isinstance(loaded, dict) else None
+
+
+def unusable(saved: Dict[str, Any], step: int, rank: int, world_size: int) -> Optional[str]:
+    """Why this saved state cannot be resumed by this process (None: it can)."""
+    if saved.get("format") != FORMAT:
+        return "format %r (this shim reads %d)" % (saved.get("format"), FORMAT)
+    if saved.get("step") != step or saved.get("rank") != rank:
+        return "the file is for step %s, rank %s" % (saved.get("step"), saved.get("rank"))
+    if saved.get("world_size") != world_size:
+        return "it was written by %s processes, this job has %d" % (
+            saved.get("world_size"),
+            world_size,
+        )
+    return None
+
+
+def _shapes(module: Any) -> Dict[str, Any]:
+    return {key: tuple(value.shape) for key, value in module.state_dict().items()}
+
+
+def _group_sizes(groups: List[Dict[str, Any]]) -> List[int]:
+    return [len(group["params"]) for group in groups]
+
+
+def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optional[str]:
+    """Why ``objects`` are not the ones ``saved`` holds (None: they are).
+
+    Not ``complete``: before the loop, objects not created yet are not missing.
+    """
+    pairs = (
+        ("training module", saved["modules"], objects.modules),
+        ("optimizer", saved["optimizers"], objects.optimizers),
+        ("LR scheduler", saved["schedulers"], objects.schedulers),
+        ("grad scaler", saved["scalers"], objects.scalers),
+    )
+    for kind, entries, current in pairs:
+        if len(current) > len(entries) or (complete and len(current) != len(entries)):
+            return "%d %s(s) now, %d in the checkpoint" % (len(current), kind, len(entries))
+        for index, (entry, obj) in enumerate(zip(entries, current)):
+            if entry["class"] != type(obj).__name__:
+                return "%s #%d is a %s, the checkpoint's a %s" % (
+                    kind,
+                    index,
+                    type(obj).__name__,
+                    entry["class"],
+                )
+    for index, (entry, module) in enumerate(zip(saved["modules"], objects.modules)):
+        shapes = {key: tuple(value.shape) for key, value in entry["state"].items()}
+        if shapes != _shapes(module):
+            return "training module #%d (%s) has other parameters or shapes" % (
+                index,
+                entry["class"],
+            )
+    for index, (entry, optimizer) in enumerate(zip(saved["optimizers"], objects.optimizers)):
+        if _group_sizes(entry["state"]["param_groups"]) != _group_sizes(optimizer.param_groups):
+            return "optimizer #%d has other parameter groups" % index
+    return None
+
+
+def apply(saved: Dict[str, Any], objects: Objects) -> None:
+    """Load the saved states into the objects that exist (in the order they were created)."""
+    for entry, module in zip(saved["modules"], objects.modules):
+        module.load_state_dict(entry["state"])
+    for entry, optimizer in zip(saved["optimizers"], objects.optimizers):
+        optimizer.load_state_dict(entry["state"])
+    for entry, scheduler in zip(saved["schedulers"], objects.schedulers):
+        scheduler.load_state_dict(entry["state"])
+    for entry, scaler in zip(saved["scalers"], objects.scalers):
+        if entry["state"]:
+            scaler.load_state_dict(entry["state"])
