@@ -498,10 +498,8 @@ OPS: Dict[str, Op] = {
 # -- lines ---------------------------------------------------------------------
 
 
-def encode(message: Union[Request, Answer, Dict[str, Any]]) -> bytes:
+def encode(message: Union[Request, Answer]) -> bytes:
     """One message as one line (``NaN`` and ``Infinity`` cannot be written)."""
-    if isinstance(message, dict):
-        return _encode_dict(message)
     return (
         json.dumps(message.to_wire(), separators=(",", ":"), sort_keys=True, allow_nan=False) + "\n"
     ).encode("utf-8")
@@ -532,97 +530,3 @@ def decode_answer(line: bytes, request: Request) -> Answer:
     if ok is not True or answer is None:
         raise ProtocolError("not an answer to %s" % request.OP)
     return answer.from_wire(body)
-
-
-# -- legacy: dict messages and the untyped client, until both sides are migrated --
-
-import socket  # noqa: E402
-
-Message = Dict[str, Any]
-OP_HELLO = Hello.OP
-OP_STAGED = Staged.OP
-OP_SIGTERM = Sigterm.OP
-OP_PROGRESS = Progress.OP
-OP_STATUS = Status.OP
-OP_BYE = Bye.OP
-OP_LEASE = Lease.OP
-UNANSWERED_OPS = tuple(name for name, spec in OPS.items() if not spec.answered)
-
-
-def _encode_dict(message: Message) -> bytes:
-    body = dict(message)
-    body.setdefault("v", VERSION)
-    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode() + b"\n"
-
-
-def request(op: str, **fields: Any) -> Message:
-    message: Message = {"v": VERSION, "op": op}
-    message.update(fields)
-    return message
-
-
-def answer_ok(**fields: Any) -> Message:
-    message: Message = {"v": VERSION, "ok": True}
-    message.update(fields)
-    return message
-
-
-def answer_error(reason: str) -> Message:
-    return {"v": VERSION, "ok": False, "error": reason}
-
-
-def decode(line: bytes) -> Message:
-    return _load_object(line, MAX_LINE)
-
-
-class Client:
-    def __init__(self, path: str, timeout: float = 5.0) -> None:
-        self._path = path
-        self._timeout = timeout
-        self._sock: Optional[socket.socket] = None
-        self._buffer = b""
-
-    def _connect(self) -> socket.socket:
-        if self._sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self._timeout)
-            try:
-                sock.connect(self._path)
-            except OSError:
-                sock.close()
-                raise
-            self._sock = sock
-        return self._sock
-
-    def send(self, op: str, **fields: Any) -> None:
-        try:
-            self._connect().sendall(_encode_dict(request(op, **fields)))
-        except OSError:
-            self.close()
-            raise
-
-    def call(self, op: str, timeout: Optional[float] = None, **fields: Any) -> Message:
-        sock = self._connect()
-        try:
-            sock.settimeout(self._timeout if timeout is None else timeout)
-            sock.sendall(_encode_dict(request(op, **fields)))
-            while b"\n" not in self._buffer:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise ConnectionError("sidecar closed the connection")
-                self._buffer += chunk
-                if len(self._buffer) > MAX_ANSWER_LINE:
-                    raise ProtocolError("answer longer than %d bytes" % MAX_ANSWER_LINE)
-            line, self._buffer = self._buffer.split(b"\n", 1)
-        except (OSError, ProtocolError):
-            self.close()
-            raise
-        return _load_object(line, MAX_ANSWER_LINE)
-
-    def close(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
-                self._buffer = b""
