@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .config import ShimConfig
 
 HF_TRAINER_MODULE = "transformers.trainer"
+LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 TORCH_DISTRIBUTED_MODULE = "torch.distributed"
 
 
@@ -30,6 +31,16 @@ def _on_hf_trainer(config: ShimConfig) -> None:
         hf.install(module, config)
 
     when_imported(HF_TRAINER_MODULE, hook)
+
+
+def _on_lightning(config: ShimConfig) -> None:
+    def hook(module: ModuleType) -> None:
+        from . import lightning
+
+        lightning.install(module, config)
+
+    for name in LIGHTNING_PACKAGES:
+        when_imported(name, hook)
 
 
 def _on_torch_distributed(config: ShimConfig) -> None:
@@ -54,6 +65,7 @@ def activate() -> None:
         launcher.install(config)
         STATUS.install()  # from the start: a script may bind sys.exit before any Trainer exists
         _on_hf_trainer(config)
+        _on_lightning(config)
         _on_torch_distributed(config)
     except Exception as exc:
         failed("jitckpt shim activation", exc)

@@ -41,6 +41,15 @@ class TermFlag:
         self.installed = True
         return True
 
+    def take_back(self) -> None:
+        """Be the SIGTERM handler again after a framework put its own in front of ours.
+
+        The handler that was there before ours stays ``previous``; the framework's
+        is dropped (Lightning's restores ours itself when its run ends).
+        """
+        if self.installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
+
     def _handle(self, signum: int, frame: Any) -> None:
         if not self.armed:
             self.deliver_as_before(frame)

@@ -1,0 +1,524 @@
+"""The PyTorch Lightning integration: ``lightning.pytorch`` and ``pytorch_lightning`` (2.x).
+
+Installed by post-import hooks on both package names (each has classes of its
+own and gets patches of its own). It patches:
+
+- ``Trainer.fit``: on the first call, say hello to the sidecar, turn SIGTERM
+  into the shim's flag and add ``JitCallback``; when the user passed no
+  ``ckpt_path``, ask for a resume; after a normal end, the demo's final weights;
+- the checkpoint connector's ``_restore_modules_and_callbacks``: the first
+  thing of ``fit`` that runs with the process group up, so the resume step is
+  agreed there by every rank and ``checkpoint-<step>/model.ckpt`` is loaded
+  through Lightning's own path (weights, optimizers, schedulers, loops);
+- the signal connector's ``register_signal_handlers``: Lightning's SIGTERM
+  handler broadcasts from inside the signal handler (a collective only the
+  signalled rank enters) and makes the loop raise out of ``fit`` without a
+  checkpoint; while the shim serves the run, the shim's flag handler stays the
+  SIGTERM handler, and Lightning never sees ``received_sigterm``;
+- the fit loop's ``_process_dataloader``: the train DataLoader becomes
+  resumable mid-epoch (``lightning_data``).
+
+``JitCallback`` agrees on the stop after each optimizer step (a batch end
+where ``global_step`` moved), saves through ``Trainer.save_checkpoint`` plus
+one small file per rank (random number generators, the epoch's data
+position), stages the directory, and exits 143 after a JIT save. When
+Lightning validates right after that batch, the save waits for the
+validation's end (Lightning's own save point there), so the resumed run,
+which does not validate again, draws the same random numbers.
+
+A strategy the shim cannot serve (DeepSpeed, sharded FSDP, spawned
+processes) is said once, and that run trains as if the shim were absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import shutil
+import weakref
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import claim, dist, watcher
+from .checkpoints import list_checkpoints
+from .config import ShimConfig
+from .lightning_data import Position
+from .log import failed, say, say_once
+from .protocol import KIND_JIT, KIND_PERIODIC
+from .signals import FLAG
+from .trainrun import TrainingRun
+
+FRAMEWORK = "lightning"
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+# What Trainer.save_checkpoint writes into checkpoint-<step>/ (last, after the rank files).
+CHECKPOINT_FILE = "model.ckpt"
+# Each rank's random number generators and data position, beside it.
+RANK_FILE = "jitckpt_rank_%d.pt"
+# Where a batch-end save stands: the batch is not counted as completed yet.
+AT_BATCH_END, AFTER_BATCH = "batch-end", "after-batch"
+# HF's default interval when the strategy is "steps" and no interval is given.
+DEFAULT_SAVE_STEPS = 500
+
+
+class Parts:
+    """The classes and modules of one Lightning package that the integration touches."""
+
+    def __init__(self, package: ModuleType) -> None:
+        name = package.__name__
+
+        def module(suffix: str) -> Optional[ModuleType]:
+            try:
+                return importlib.import_module(name + suffix)
+            except ImportError:
+                return None
+
+        self.name = name
+        self.version = str(getattr(package, "__version__", "?"))
+        self.trainer = getattr(package, "Trainer", None)
+        self.callback = getattr(package, "Callback", None)
+        self.strategies = module(".strategies")
+        signals = module(".trainer.connectors.signal_connector")
+        checkpoints = module(".trainer.connectors.checkpoint_connector")
+        self.signal_connector = getattr(signals, "_SignalConnector", None)
+        self.checkpoint_connector = getattr(checkpoints, "_CheckpointConnector", None)
+        self.fit_loop = module(".loops.fit_loop")
+
+    def missing(self) -> List[str]:
+        """What this integration cannot do without ([] when all is there)."""
+        wanted = [
+            ("Trainer.fit", self.trainer, "fit"),
+            ("Trainer.save_checkpoint", self.trainer, "save_checkpoint"),
+            ("Callback.on_train_batch_end", self.callback, "on_train_batch_end"),
+            ("Callback.on_validation_end", self.callback, "on_validation_end"),
+            (
+                "_SignalConnector.register_signal_handlers",
+                self.signal_connector,
+                "register_signal_handlers",
+            ),
+            (
+                "_CheckpointConnector._restore_modules_and_callbacks",
+                self.checkpoint_connector,
+                "_restore_modules_and_callbacks",
+            ),
+        ]
+        return [label for label, owner, attribute in wanted if not hasattr(owner, attribute)]
+
+    def strategy_class(self, name: str) -> Optional[type]:
+        found = getattr(self.strategies, name, None)
+        return found if isinstance(found, type) else None
+
+
+def unsupported(trainer: Any, parts: Parts) -> Optional[str]:
+    """Why the shim cannot serve this trainer's strategy (None: it can)."""
+    strategy = trainer.strategy
+    launcher = getattr(strategy, "launcher", None)
+    if launcher is not None and type(launcher).__name__ != "_SubprocessScriptLauncher":
+        return "its %s starts the training processes itself" % type(launcher).__name__
+    deepspeed = parts.strategy_class("DeepSpeedStrategy")
+    if deepspeed is not None and isinstance(strategy, deepspeed):
+        config = getattr(strategy, "config", None) or {}
+        stage = (config.get("zero_optimization") or {}).get("stage", "?")
+        return "DeepSpeed (ZeRO stage %s) writes sharded checkpoints of its own" % stage
+    fsdp = parts.strategy_class("FSDPStrategy")
+    if fsdp is not None and isinstance(strategy, fsdp):
+        if getattr(strategy, "_state_dict_type", "full") != "full":
+            return "FSDP with sharded state dicts writes a checkpoint per rank"
+        return None
+    known = [
+        parts.strategy_class(name)
+        for name in ("SingleDeviceStrategy", "DDPStrategy")
+        if parts.strategy_class(name) is not None
+    ]
+    if not any(isinstance(strategy, cls) for cls in known):  # type: ignore[arg-type]
+        return "the shim does not know its save path"
+    return None
+
+
+class Periodic:
+    """The periodic saves the annotations ask for, with HF's meaning."""
+
+    def __init__(self, config: ShimConfig) -> None:
+        strategy = config.save_strategy
+        if strategy is None and config.save_steps is not None:
+            strategy = "steps"  # a step interval alone means periodic saves by steps
+        if strategy == "best":
+            say_once(
+                "lightning-best",
+                "save-strategy best needs a metric the shim does not know: no periodic saves "
+                "(use Lightning's ModelCheckpoint for the best model)",
+            )
+            strategy = None
+        self.strategy = None if strategy == "no" else strategy
+        self.steps = config.save_steps
+        self.limit = config.save_total_limit
+
+    def every(self) -> int:
+        """The step interval of the "steps" strategy."""
+        return max(1, int(self.steps if self.steps is not None else DEFAULT_SAVE_STEPS))
+
+    def due(self, step: int, epoch_done: bool) -> bool:
+        if self.strategy == "steps":
+            return step % self.every() == 0
+        return self.strategy == "epoch" and epoch_done
+
+
+class FitSession:
+    """The shim's state for one Lightning ``Trainer``."""
+
+    def __init__(self, trainer: Any, config: ShimConfig) -> None:
+        self.trainer = trainer
+        self.config = config
+        self.run = TrainingRun(config, FRAMEWORK, CHECKPOINT_FILE)
+        self.position = Position()
+        self.periodic = Periodic(config)
+        self.resume_wanted = False
+        self.max_steps = 0
+        self.last_step = -1
+        self.deferred: Optional[str] = None  # the kind of a save waiting for validation's end
+
+    # -- where the run stands -------------------------------------------------------
+    def batches(self) -> float:
+        return float(self.trainer.num_training_batches)
+
+    def epoch(self) -> float:
+        trainer = self.trainer
+        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        batches = self.batches()
+        fraction = ready / batches if 0 < batches < float("inf") else 0.0
+        return float(trainer.current_epoch) + min(fraction, 1.0)
+
+    def where(self) -> Tuple[int, int, float]:
+        return int(self.trainer.global_step), self.max_steps, self.epoch()
+
+    def train_loaders(self) -> List[Any]:
+        combined = getattr(self.trainer.fit_loop, "_combined_loader", None)
+        return list(getattr(combined, "flattened", None) or [])
+
+    def validation_follows(self) -> bool:
+        """Whether Lightning validates right after this batch (a batch-based check only)."""
+        trainer = self.trainer
+        loop = trainer.fit_loop.epoch_loop
+        check = getattr(loop, "_should_check_val_fx", None)
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if check is None or fetcher is None or getattr(loop, "_skip_next_val", False):
+            return False
+        if getattr(trainer, "_val_check_time_interval", None) is not None:
+            return False  # a wall-clock interval: asking again later may answer otherwise
+        return bool(check(fetcher))
+
+    # -- fit --------------------------------------------------------------------------
+    def start_fit(self, resume_wanted: bool) -> None:
+        self.resume_wanted = resume_wanted
+        self.deferred = None
+        self.run.start(lambda: int(self.trainer.global_step))
+
+    def train_started(self) -> None:
+        trainer = self.trainer
+        self.last_step = int(trainer.global_step)
+        max_steps = int(trainer.max_steps)
+        if max_steps <= 0:
+            estimated = trainer.estimated_stepping_batches
+            max_steps = int(estimated) if estimated < float("inf") else 0
+        self.max_steps = max_steps
+
+    # -- resume -------------------------------------------------------------------------
+    def resume_path(self) -> Optional[str]:
+        """The checkpoint every rank resumes from (None: start fresh). Collective."""
+        step = self.run.resume_step()
+        if step is None:
+            return None
+        directory = self.run.checkpoint_path(step)
+        path = os.path.join(directory, CHECKPOINT_FILE)
+        if dist.all_reduce_int(1 if os.path.isfile(path) else 0, maximum=False) == 0:
+            say_once(
+                "resume-not-lightning",
+                "%s is not a Lightning checkpoint on every rank: starting without it" % directory,
+            )
+            return None
+        self._load_record(os.path.join(directory, RANK_FILE % self.trainer.global_rank))
+        return path
+
+    def _load_record(self, path: str) -> None:
+        if not os.path.isfile(path):
+            say_once(
+                "resume-no-record",
+                "%s is missing: the random number generators and the epoch's data position "
+                "start as in a fresh run" % os.path.basename(path),
+            )
+            return
+        try:
+            import torch
+
+            record = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(record, dict):
+                raise ValueError("not a dict")
+            self.position.resume_from(record)
+        except Exception as exc:
+            failed("reading %s" % path, exc)
+
+    # -- the step boundary ----------------------------------------------------------
+    def batch_end(self) -> None:
+        """A batch ended: at an optimizer step, agree on the stop and save what is due."""
+        step = int(self.trainer.global_step)
+        if step == self.last_step:
+            return  # gradients accumulate: no optimizer step in this batch
+        self.last_step = step
+        stop = self.run.at_step_end(*self.where())
+        epoch_done = self._consumed(AT_BATCH_END) >= self.batches()
+        if stop:
+            kind = KIND_JIT
+        elif self.periodic.due(step, epoch_done):
+            kind = KIND_PERIODIC
+        else:
+            return
+        if self.validation_follows():
+            self.deferred = kind
+            if kind == KIND_JIT:
+                say("Lightning validates after this step: saving once the validation ended")
+            return
+        self.save(kind, AT_BATCH_END)
+
+    def save_deferred(self, point: str) -> None:
+        kind, self.deferred = self.deferred, None
+        if kind is not None:
+            self.save(kind, point)
+
+    def _consumed(self, point: str) -> int:
+        """Batches of this epoch a run resumed from a save at ``point`` has behind it."""
+        completed = int(self.trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+        return completed + 1 if point == AT_BATCH_END else completed
+
+    def save(self, kind: str, point: str) -> None:
+        """Write ``checkpoint-<step>`` through Lightning on every rank, stage it; exit after JIT."""
+        trainer = self.trainer
+        step = int(trainer.global_step)
+        directory = self.run.checkpoint_path(step)
+        os.makedirs(directory, exist_ok=True)
+        self._write_record(directory, point)
+        dist.barrier()  # every rank file is written before the marker, the .ckpt, appears
+        trainer.save_checkpoint(os.path.join(directory, CHECKPOINT_FILE))
+        self.run.stage(directory, step, kind)
+        if kind == KIND_JIT:
+            self.run.exit_after_jit(*self.where())
+        self._rotate()
+
+    def _write_record(self, directory: str, point: str) -> None:
+        import torch
+
+        consumed = self._consumed(point)
+        record = self.position.record(
+            self.train_loaders(),
+            int(self.trainer.current_epoch),
+            consumed,
+            consumed >= self.batches(),
+        )
+        path = os.path.join(directory, RANK_FILE % self.trainer.global_rank)
+        temporary = "%s.tmp-%d" % (path, os.getpid())
+        torch.save(record, temporary)
+        os.replace(temporary, path)
+
+    def _rotate(self) -> None:
+        """Keep the newest ``save-total-limit`` checkpoints here (the sidecar has its links)."""
+        limit = self.periodic.limit
+        if not limit or dist.ranks()["local_rank"] != 0:
+            return
+        for _, path in list_checkpoints(self.config.checkpoints_dir)[:-limit]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def end_train(self) -> None:
+        self.run.final_progress(*self.where())
+
+
+def _make_callback(base: type) -> type:
+    """A ``Callback`` subclass built against this Lightning's base class."""
+
+    class JitCallback(base):
+        """Stops every rank at the same optimizer step on SIGTERM; writes periodic saves."""
+
+        def __init__(self, session: FitSession) -> None:
+            self._session = session
+
+        def _guard(self, what: str, action: Callable[[], None]) -> None:
+            try:
+                action()
+            except Exception as exc:
+                failed(what, exc)
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self._guard("starting the Lightning integration", self._session.train_started)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            session = self._session
+            self._guard("restoring the random number generators", session.position.restore_pending)
+            if session.deferred is not None:
+                say_once("validation-absent", "the validation Lightning announced did not run")
+                self._guard("saving", lambda: session.save_deferred(AFTER_BATCH))
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            self._guard("the step end", self._session.batch_end)
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if not trainer.sanity_checking:
+                self._guard("saving", lambda: self._session.save_deferred(AFTER_BATCH))
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self._guard("saving", lambda: self._session.save_deferred(AFTER_BATCH))
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self._guard("saving", lambda: self._session.save_deferred(AFTER_BATCH))
+            self._guard("the last progress report", self._session.end_train)
+
+    return JitCallback
+
+
+class Integration:
+    """The patches of one Lightning package and the sessions of its trainers."""
+
+    def __init__(self, parts: Parts, config: ShimConfig) -> None:
+        self.parts = parts
+        self.config = config
+        self.callback_type = _make_callback(parts.callback)  # type: ignore[arg-type]
+        self.sessions: weakref.WeakKeyDictionary[Any, FitSession] = weakref.WeakKeyDictionary()
+        self.fit_signature = inspect.signature(parts.trainer.fit)  # type: ignore[union-attr]
+
+    def session(self, trainer: Any) -> Optional[FitSession]:
+        return self.sessions.get(trainer)
+
+    def attach(self, trainer: Any) -> Optional[FitSession]:
+        """The session of ``trainer``, made at its first ``fit``; None when the shim stays out."""
+        session = self.sessions.get(trainer)
+        if session is not None:
+            return session
+        if not claim.claim(FRAMEWORK):
+            say_once("lightning-claimed", "training here is followed as %s" % claim.owner())
+            return None
+        watcher.stop()
+        reason = unsupported(trainer, self.parts)
+        if reason is not None:
+            say_once(
+                "lightning-strategy",
+                "Lightning strategy %s: %s; this run gets no JIT or periodic checkpoints "
+                "from the shim and trains unchanged" % (type(trainer.strategy).__name__, reason),
+            )
+            return None
+        session = FitSession(trainer, self.config)
+        self.sessions[trainer] = session
+        trainer.callbacks.append(self.callback_type(session))
+        say_once(
+            "lightning-attached",
+            "Lightning (%s %s): checkpoints are written to %s"
+            % (self.parts.name, self.parts.version, self.config.checkpoints_dir),
+        )
+        return session
+
+    def resume_wanted(self, trainer: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+        """No ``ckpt_path`` from the user, in the call or through ``trainer.ckpt_path``."""
+        bound = self.fit_signature.bind_partial(trainer, *args, **kwargs).arguments
+        connector = getattr(trainer, "_checkpoint_connector", None)
+        return bound.get("ckpt_path") is None and not getattr(connector, "_user_managed", False)
+
+    # -- patches --------------------------------------------------------------------
+    def make_fit(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def fit(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                session = self.attach(trainer)
+                if session is not None:
+                    session.start_fit(self.resume_wanted(trainer, args, kwargs))
+            except Exception as exc:
+                failed("Lightning integration", exc)
+                session = None
+            if session is None:
+                return original(trainer, *args, **kwargs)
+            FLAG.armed = self.config.jit
+            try:
+                result = original(trainer, *args, **kwargs)
+            finally:
+                FLAG.armed = False
+                if FLAG.raised and session.run.jit_step is None:
+                    # SIGTERM came after the last step boundary: act as if it came now.
+                    FLAG.raised = False
+                    FLAG.deliver_as_before()
+            session.run.capture_final_weights(getattr(trainer, "lightning_module", None))
+            return result
+
+        return fit
+
+    def make_restore(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _restore_modules_and_callbacks(
+            connector: Any, checkpoint_path: Any = None, *args: Any, **kwargs: Any
+        ) -> Any:
+            session = self.session(getattr(connector, "trainer", None))
+            if session is not None and session.resume_wanted and checkpoint_path is None:
+                session.resume_wanted = False
+                try:
+                    checkpoint_path = session.resume_path()
+                except Exception as exc:
+                    failed("resume", exc)
+            return original(connector, checkpoint_path, *args, **kwargs)
+
+        return _restore_modules_and_callbacks
+
+    def make_register(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def register_signal_handlers(connector: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(connector, *args, **kwargs)
+            if self.config.jit and self.session(getattr(connector, "trainer", None)) is not None:
+                try:
+                    FLAG.take_back()
+                except Exception as exc:
+                    failed("keeping the SIGTERM handler", exc)
+            return result
+
+        return register_signal_handlers
+
+    def make_process(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _process_dataloader(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            loader = original(trainer, *args, **kwargs)
+            session = self.session(trainer)
+            if session is not None:
+                try:
+                    session.position.wrap(loader)
+                except Exception as exc:
+                    failed("making the train DataLoader resumable", exc)
+            return loader
+
+        return _process_dataloader
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, functools.wraps(original)(make(original)))
+
+
+def install(package: ModuleType, config: ShimConfig) -> None:
+    """Patch one Lightning package (the hooks on its two import names call this)."""
+    parts = Parts(package)
+    missing = parts.missing()
+    if missing:
+        say_once(
+            "lightning-unsupported:" + parts.name,
+            "%s %s lacks %s: no checkpoint integration for its Trainer, training runs unchanged"
+            % (parts.name, parts.version, ", ".join(missing)),
+        )
+        return
+    trainer_cls = parts.trainer
+    if getattr(trainer_cls, "_jitckpt_patched", False):
+        return
+    integration = Integration(parts, config)
+    _wrap(trainer_cls, "fit", integration.make_fit)
+    _wrap(
+        parts.checkpoint_connector,
+        "_restore_modules_and_callbacks",
+        integration.make_restore,
+    )
+    _wrap(parts.signal_connector, "register_signal_handlers", integration.make_register)
+    if callable(getattr(parts.fit_loop, "_process_dataloader", None)):
+        _wrap(parts.fit_loop, "_process_dataloader", integration.make_process)
+    else:
+        say_once(
+            "lightning-data:" + parts.name,
+            "%s %s: the train DataLoader is not reachable; a run resumed mid-epoch restarts "
+            "the epoch's data" % (parts.name, parts.version),
+        )
+    trainer_cls._jitckpt_patched = True  # type: ignore[union-attr]

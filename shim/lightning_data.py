@@ -1,0 +1,299 @@
+"""Where a Lightning run's train data stood at a checkpoint, and how a resumed run continues there.
+
+Lightning saves its loops' counters, but for a plain ``DataLoader`` a run
+resumed mid-epoch starts that epoch's iterator over (a fresh shuffle, the
+first batches again) and nothing restores the random number generators. This
+module closes the gap, without loading a skipped batch:
+
+- ``Position`` replaces the train ``DataLoader``'s (batch) sampler with
+  ``ResumableSampler``, which passes every index through unchanged and notes
+  the generators' states at two moments of each epoch: when the DataLoader's
+  iterator is made (the state its worker seed is drawn from) and when the
+  first batch of indices is asked for (the state a shuffle is drawn from);
+- a checkpoint gets, per rank, those two states, the generators' states at the
+  step boundary and the number of batches the epoch had consumed;
+- on resume the two epoch states are put back at the same two moments, so
+  the iterator draws the same seeds and the same order; the consumed batches'
+  indices are skipped (indices only: the dataset is not read) and the step
+  boundary's states are put back right before the next batch is read.
+
+The generators are Python's ``random``, numpy's legacy global one (when numpy
+is loaded), torch's CPU and CUDA ones, and every ``torch.Generator`` the
+DataLoader or its samplers hold. What this cannot reproduce is said once:
+random numbers a DataLoader's worker processes draw (the workers are seeded
+the same, but start at another batch), an ``IterableDataset``, more than one
+train DataLoader, and a train data source that is no ``DataLoader``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from .log import failed, say_once
+
+# The version of what ``Position.record`` returns (a rank's file in the checkpoint).
+RECORD_VERSION = 1
+
+
+def _generators(loader: Any) -> List[Any]:
+    """The distinct ``torch.Generator`` objects a DataLoader and its samplers draw from."""
+    import torch
+
+    found: List[Any] = []
+    holders = [loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
+    holders.append(getattr(holders[2], "sampler", None))
+    for holder in holders:
+        generator = getattr(holder, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+            found.append(generator)
+    return found
+
+
+def snapshot(generators: List[Any]) -> Dict[str, Any]:
+    """The state of every generator this process draws from (only tensors and plain values)."""
+    import torch
+
+    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, position, has_gauss, cached = numpy.random.get_state()
+        keys = torch.from_numpy(keys.astype(numpy.int64))
+        state["numpy"] = (kind, keys, int(position), int(has_gauss), float(cached))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    state["generators"] = [generator.get_state() for generator in generators]
+    return state
+
+
+def restore(state: Dict[str, Any], generators: List[Any]) -> None:
+    """Put back what ``snapshot`` took."""
+    import torch
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in state:
+        kind, keys, position, has_gauss, cached = state["numpy"]
+        numpy.random.set_state(
+            (kind, keys.numpy().astype(numpy.uint32), position, has_gauss, cached)
+        )
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("generators", [])
+    if len(saved) != len(generators):
+        say_once("rng-generators", "the DataLoader's generators changed: not restoring theirs")
+        return
+    for generator, generator_state in zip(generators, saved):
+        generator.set_state(generator_state)
+
+
+class Resume:
+    """What a resumed run puts back, each part once, at its moment."""
+
+    def __init__(
+        self,
+        states: Dict[str, Any],
+        at_iter: Optional[Dict[str, Any]] = None,
+        at_first: Optional[Dict[str, Any]] = None,
+        skip: int = 0,
+    ) -> None:
+        self.states = states  # the step boundary's states
+        self.at_iter = at_iter  # when the epoch's iterator is made
+        self.at_first = at_first  # when its first indices are asked for
+        self.skip = skip  # batches of indices to pass over before ``states`` go back
+        # Without data loader moments, ``states`` go back before the first batch (inexact).
+        self.follows_data = at_iter is not None
+
+
+class ResumableSampler:
+    """Stands in for a DataLoader's (batch) sampler; yields exactly what the original yields."""
+
+    def __init__(self, inner: Any, position: Position) -> None:
+        self.inner = inner
+        self._position = position
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        # set_epoch, batch_size, drop_last, sampler, ...: whatever the original offers.
+        if name in ("inner", "_position"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        # The caller is the DataLoader's iterator (``self`` of its __init__ or _reset).
+        self._position.iterator_made(sys._getframe(1).f_locals.get("self"))
+        return self._indices(iter(self.inner))
+
+    def _indices(self, inner: Iterator[Any]) -> Iterator[Any]:
+        skip = self._position.first_indices()
+        if skip:
+            for _ in itertools.islice(inner, skip):
+                pass
+            self._position.skipped()
+        yield from inner
+
+
+def _nobody() -> Any:
+    return None
+
+
+def _sampler_name(loader: Any) -> str:
+    """Which attribute holds the sampler a DataLoader draws its indices from."""
+    return "batch_sampler" if getattr(loader, "batch_sampler", None) is not None else "sampler"
+
+
+class Position:
+    """The train data's place in the run: what a checkpoint records, what a resume restores."""
+
+    def __init__(self) -> None:
+        self.generators: List[Any] = []
+        self.at_iter: Optional[Dict[str, Any]] = None
+        self.at_first: Optional[Dict[str, Any]] = None
+        self._waiting_first = False  # an iterator was made; its first indices not yet asked for
+        self._owner: Callable[[], Any] = _nobody  # the DataLoader iterator that made it
+        self.pending: Optional[Resume] = None
+
+    # -- the train DataLoader ---------------------------------------------------
+    def wrap(self, loader: Any) -> Any:
+        """Make ``loader`` resumable in place (when it can be); returns it."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        if not isinstance(loader, DataLoader):
+            say_once(
+                "data-kind",
+                "the train data is a %s, not a DataLoader: a run resumed mid-epoch restarts "
+                "the epoch's data" % type(loader).__name__,
+            )
+            return loader
+        if isinstance(loader.dataset, IterableDataset):
+            say_once(
+                "data-iterable",
+                "the train data is an IterableDataset, which cannot be fast-forwarded without "
+                "reading it: a run resumed mid-epoch restarts the epoch's data",
+            )
+            return loader
+        if callable(getattr(loader, "state_dict", None)):
+            return loader  # a stateful loader: Lightning saves and restores its position
+        if loader.num_workers > 0:
+            say_once(
+                "data-workers",
+                "the train DataLoader has worker processes: a resumed run gets the same batches, "
+                "but random numbers drawn inside the workers are not reproduced",
+            )
+        name = _sampler_name(loader)
+        inner = getattr(loader, name)
+        if not isinstance(inner, ResumableSampler):
+            self.generators = _generators(loader)
+            # DataLoader refuses to set its samplers after __init__; this is the only way in.
+            object.__setattr__(loader, name, ResumableSampler(inner, self))
+        return loader
+
+    def follows(self, loaders: List[Any]) -> bool:
+        """Whether the records can be exact for these data sources (one wrapped DataLoader)."""
+        if len(loaders) > 1:
+            say_once(
+                "data-many",
+                "more than one train DataLoader: a run resumed mid-epoch restarts the epoch's data",
+            )
+        return len(loaders) == 1 and isinstance(
+            getattr(loaders[0], _sampler_name(loaders[0]), None), ResumableSampler
+        )
+
+    # -- moments of an epoch ------------------------------------------------------
+    def iterator_made(self, owner: Any) -> None:
+        """A DataLoader iterator asks for a sampler iterator (it may ask twice, and be dropped).
+
+        A multi-worker iterator asks once when it is made and once more when it
+        starts its workers: only its first request is the epoch's start. An
+        iterator dropped before its first indices (Lightning makes one ahead of
+        time, then another at the epoch start) is replaced by the next one.
+        """
+        if self._waiting_first and owner is not None and owner is self._owner():
+            return
+        try:
+            self._owner = weakref.ref(owner) if owner is not None else _nobody
+        except TypeError:
+            self._owner = _nobody
+        self._waiting_first = True
+        try:
+            pending = self.pending
+            if pending is not None and pending.at_iter is not None:
+                restore(pending.at_iter, self.generators)
+            self.at_iter = snapshot(self.generators)
+        except Exception as exc:
+            failed("recording the data loader's epoch start", exc)
+
+    def first_indices(self) -> int:
+        """The first indices of an iterator are asked for; how many batches to skip."""
+        self._waiting_first = False
+        pending = self.pending
+        try:
+            if pending is not None and pending.at_first is not None:
+                restore(pending.at_first, self.generators)
+            self.at_first = snapshot(self.generators)
+        except Exception as exc:
+            failed("restoring the data loader's epoch start", exc)
+        if pending is None or not pending.follows_data:
+            return 0
+        pending.at_iter = pending.at_first = None
+        if pending.skip == 0:
+            # Nothing to skip: the epoch starts afresh and its states were put back already.
+            self.pending = None
+        return pending.skip
+
+    def skipped(self) -> None:
+        """The consumed batches are passed over: the step boundary's states go back."""
+        self.restore_pending()
+
+    def restore_pending(self) -> None:
+        """Put back the step boundary's states if no data loader moment did (once)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        try:
+            restore(pending.states, self.generators)
+        except Exception as exc:
+            failed("restoring the random number generators", exc)
+
+    # -- checkpoints ----------------------------------------------------------------
+    def record(
+        self, loaders: List[Any], epoch: int, consumed: int, epoch_done: bool
+    ) -> Dict[str, Any]:
+        """This rank's part of a checkpoint (``torch.save``-able, loadable with weights only)."""
+        exact = self.follows(loaders) and self.at_iter is not None and self.at_first is not None
+        if not (exact or epoch_done):
+            say_once(
+                "data-inexact",
+                "this checkpoint cannot say where the epoch's data stood: a run resumed from it "
+                "restarts the epoch's data",
+            )
+        return {
+            "version": RECORD_VERSION,
+            "epoch": epoch,
+            "consumed": consumed,
+            "epoch_done": epoch_done,
+            "exact": exact,
+            "at_iter": self.at_iter if exact else None,
+            "at_first": self.at_first if exact else None,
+            "states": snapshot(self.generators),
+        }
+
+    def resume_from(self, record: Dict[str, Any]) -> None:
+        """A checkpoint is being loaded: put its states back at the right moments."""
+        if record.get("version") != RECORD_VERSION:
+            say_once("record-version", "unknown data position record: not restoring it")
+            return
+        states = record["states"]
+        if record["epoch_done"]:
+            # The next iterator starts the next epoch, from the step boundary's states.
+            self.pending = Resume(states, at_iter=states)
+        elif record["exact"]:
+            self.pending = Resume(states, record["at_iter"], record["at_first"], record["consumed"])
+        else:
+            self.pending = Resume(states)
