@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck unit golden demo bench clean
+.PHONY: setup test lint typecheck unit golden demo bench images clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,28 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m bench.run_all
+
+# Build both images and push them: make images REGISTRY=registry.example.com/ml [VERSION=...]
+# gives $(REGISTRY)/jitckpt-webhook:$(VERSION) and $(REGISTRY)/jitckpt-sidecar:$(VERSION),
+# VERSION the project's by default. docker, or podman where docker is absent
+# (CONTAINER_ENGINE=... to choose). Both are built before either is pushed, the
+# sidecar pushed first: a webhook must never name a sidecar image that is not there.
+# README.md, "Images", says how to point the install at them.
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
+IMAGE_PREFIX = $(patsubst %/,%,$(REGISTRY))/jitckpt
+
+images:
+	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY, where to push (e.g. make images REGISTRY=registry.example.com/ml)" >&2; exit 2; }
+	@test -n "$(VERSION)" || { echo "make images: no VERSION given and none found in pyproject.toml" >&2; exit 2; }
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: neither docker nor podman is installed (or set CONTAINER_ENGINE)" >&2; exit 2; }
+	$(CONTAINER_ENGINE) build -f Dockerfile.webhook -t $(IMAGE_PREFIX)-webhook:$(VERSION) .
+	$(CONTAINER_ENGINE) build -f Dockerfile.sidecar -t $(IMAGE_PREFIX)-sidecar:$(VERSION) .
+	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-sidecar:$(VERSION)
+	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-webhook:$(VERSION)
+	@echo "pushed; point the install at them (README.md, Images):"
+	@echo "  deploy/base/kustomization.yaml images: jitckpt-webhook -> $(IMAGE_PREFIX)-webhook:$(VERSION)"
+	@echo "  deploy/base/configmap.yaml sidecar_image: $(IMAGE_PREFIX)-sidecar:$(VERSION)"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

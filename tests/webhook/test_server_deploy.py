@@ -11,6 +11,7 @@ same code ``kubectl apply -k`` runs.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from jitckpt.cli import build_parser
 from tests.support.tools import kubectl
 from tests.test_images import WEBHOOK_IMAGE
 from tests.webhook.server_support import REPO
-from webhook.config import load_config
+from webhook.config import VERSION, load_config
 
 DEPLOY = REPO / "deploy"
 OVERLAYS = ["cert-manager", "self-signed"]
@@ -228,6 +229,73 @@ def test_configmap_is_a_valid_webhook_config(rendered: Rendered, tmp_path: Path)
     config = load_config(path)
     assert config.webhook_namespace == rendered.one("Namespace")["metadata"]["name"]
     assert config.invalid_setting_policy in ("admit", "deny")
+
+
+def images(docs: list[dict[str, Any]], tmp_path: Path) -> tuple[str, str]:
+    """The webhook Deployment's image and the sidecar image its config injects."""
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap["data"]["config.yaml"])
+    return container["image"], load_config(path).sidecar_image
+
+
+def test_images_are_set_in_one_place_and_released_together(
+    rendered: Rendered, tmp_path: Path
+) -> None:
+    """The Deployment's image comes from the base's ``images:``; both images carry the
+    project's version (the webhook injects the sidecar of its own release)."""
+    base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    (entry,) = [i for i in base["images"] if i["name"] == "jitckpt-webhook"]
+    webhook, sidecar = images(rendered.docs, tmp_path)
+    assert webhook == f"{entry['newName']}:{entry['newTag']}"
+    assert webhook.rpartition(":")[2] == sidecar.rpartition(":")[2] == VERSION
+    assert webhook.replace("jitckpt-webhook", "jitckpt-sidecar") == sidecar
+    # No manifest file names an image itself: the base's images: entry does.
+    named = {value for path in DEPLOY.rglob("*.yaml") for value in _image_fields(path)}
+    assert named == {"jitckpt-webhook"}
+
+
+def _image_fields(path: Path) -> list[Any]:
+    """Every ``image:`` value in the YAML documents of ``path``."""
+    found: list[Any] = []
+    todo: list[Any] = list(yaml.safe_load_all(path.read_text()))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            found += [v for k, v in node.items() if k == "image"]
+            todo += node.values()
+        elif isinstance(node, list):
+            todo += node
+    return found
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pointing_the_install_at_pushed_images(overlay: str, tmp_path: Path) -> None:
+    """What README.md's "Images" tells a platform engineer to do, on a copy of deploy/:
+    the base's images: entry (as ``kustomize edit set image`` writes it) and the config's
+    sidecar_image. The rendered install then names the pushed images and no other."""
+    deploy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, deploy)
+    registry, version = "registry.example.com/ml", "1.2.3"
+    kustomization = deploy / "base" / "kustomization.yaml"
+    base = yaml.safe_load(kustomization.read_text())
+    base["images"] = [
+        {"name": "jitckpt-webhook", "newName": f"{registry}/jitckpt-webhook", "newTag": version}
+    ]
+    kustomization.write_text(yaml.safe_dump(base))
+    configmap = deploy / "base" / "configmap.yaml"
+    lines = configmap.read_text().splitlines(keepends=True)
+    (at,) = [i for i, line in enumerate(lines) if line.strip().startswith("sidecar_image:")]
+    lines[at] = f"    sidecar_image: {registry}/jitckpt-sidecar:{version}\n"
+    configmap.write_text("".join(lines))
+
+    docs = kustomize(deploy / "overlays" / overlay)
+    webhook, sidecar = images(docs, tmp_path)
+    assert webhook == f"{registry}/jitckpt-webhook:{version}"
+    assert sidecar == f"{registry}/jitckpt-sidecar:{version}"
+    assert "ghcr.io" not in yaml.safe_dump_all(docs)
 
 
 def rbac_rules(rendered: Rendered, subject: str) -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,111 @@
+"""``make images``: both images built, then pushed, with docker or else podman.
+
+No container engine runs on this project's machines (``docker info`` finds no
+daemon, and base images could not be pulled), so the engine is a shell script
+on a PATH of the test's own that records how it is called; make, the Makefile
+and the shell are the real ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+REGISTRY = "registry.example.com/ml"
+# What the Makefile's recipe needs from PATH besides the engine.
+TOOLS = ("sed",)
+
+ENGINE = """#!/bin/sh
+echo "${0##*/} $* (in $(pwd))" >> "$RECORD"
+case "$1 $3" in "build $FAIL_ON") exit 1 ;; esac
+exit 0
+"""
+
+
+@dataclass
+class Run:
+    returncode: int
+    stderr: str
+    calls: list[str]
+
+
+def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: str = "") -> Run:
+    """``make images ARGS`` with only ``engines`` (fakes) and the recipe's tools on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        assert found, f"{tool} is needed to run make images"
+        (bin_dir / tool).symlink_to(found)
+    for engine in engines:
+        (bin_dir / engine).write_text(ENGINE)
+        (bin_dir / engine).chmod(0o755)
+    record = tmp_path / "calls"
+    record.touch()
+    env = {
+        "PATH": str(bin_dir),
+        "RECORD": str(record),
+        "FAIL_ON": fail_on,
+        "HOME": str(tmp_path),
+    }
+    make = shutil.which("make")
+    assert make, "make is needed"
+    done = subprocess.run(
+        [make, "--no-print-directory", "-C", str(ROOT), "images", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return Run(done.returncode, done.stderr, record.read_text().splitlines())
+
+
+def expected(engine: str, version: str = PROJECT_VERSION) -> list[str]:
+    webhook, sidecar = (f"{REGISTRY}/jitckpt-{part}:{version}" for part in ("webhook", "sidecar"))
+    where = f"(in {ROOT})"
+    return [
+        f"{engine} build -f Dockerfile.webhook -t {webhook} . {where}",
+        f"{engine} build -f Dockerfile.sidecar -t {sidecar} . {where}",
+        f"{engine} push {sidecar} {where}",
+        f"{engine} push {webhook} {where}",
+    ]
+
+
+def test_builds_both_then_pushes_the_sidecar_first(tmp_path: Path) -> None:
+    run = make_images(tmp_path, ("docker",), f"REGISTRY={REGISTRY}/")
+    assert run.returncode == 0, run.stderr
+    assert run.calls == expected("docker")
+
+
+def test_podman_where_there_is_no_docker_and_docker_where_both_are(tmp_path: Path) -> None:
+    run = make_images(tmp_path / "podman", ("podman",), f"REGISTRY={REGISTRY}", "VERSION=1.2.3")
+    assert run.returncode == 0, run.stderr
+    assert run.calls == expected("podman", "1.2.3")
+    both = make_images(tmp_path / "both", ("docker", "podman"), f"REGISTRY={REGISTRY}")
+    assert both.calls == expected("docker")
+
+
+def test_a_failed_build_pushes_nothing(tmp_path: Path) -> None:
+    run = make_images(tmp_path, ("docker",), f"REGISTRY={REGISTRY}", fail_on="Dockerfile.sidecar")
+    assert run.returncode != 0
+    assert [call.split()[1] for call in run.calls] == ["build", "build"]
+
+
+def test_without_a_registry_it_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    run = make_images(tmp_path, ("docker",))
+    assert run.returncode != 0
+    assert "set REGISTRY" in run.stderr
+    assert run.calls == []
+
+
+def test_without_docker_or_podman_it_says_so(tmp_path: Path) -> None:
+    run = make_images(tmp_path, (), f"REGISTRY={REGISTRY}")
+    assert run.returncode != 0
+    assert "neither docker nor podman" in run.stderr
+    assert run.calls == []
