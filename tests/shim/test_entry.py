@@ -6,6 +6,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -159,11 +160,14 @@ def test_prestop_with_no_registered_process_succeeds(shim_env: ShimEnv) -> None:
 
 
 def _interpreter(version: str) -> str | None:
-    """``pythonX.Y`` on PATH, or installed by pyenv (whose shims need a selected version)."""
+    """``pythonX.Y`` on PATH, or installed by pyenv (whose shims need a selected version),
+    or beside the interpreter this venv was made from (pyenv's versions, pyenv off PATH)."""
     candidates = [shutil.which(f"python{version}")]
+    roots = [Path(sys.base_prefix).parent]
     if shutil.which("pyenv"):
         root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
-        versions = Path(root.stdout.strip()) / "versions"
+        roots.insert(0, Path(root.stdout.strip()) / "versions")
+    for versions in roots:
         candidates += [str(p) for p in sorted(versions.glob(f"{version}.*/bin/python{version}"))]
     for found in candidates:
         if found is None:
