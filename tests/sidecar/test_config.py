@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -144,9 +145,14 @@ def test_downloads_have_their_own_range_size_and_concurrency() -> None:
     ],
 )
 def test_the_agent_never_guesses_its_node(nodes: dict[str, str], expected: str) -> None:
-    """Unknown node count or rank: exit 2 with a clear message, never nnodes=1 / rank 0."""
+    """Unknown node count or rank: refused with a clear message, never nnodes=1 / rank 0."""
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        AgentConfig.from_env({layout.ENV_DESTINATION: "s3://bkt/ns/job", **nodes})
+
+
+def test_an_agent_without_its_node_exits_2_with_the_reason() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JITCKPT_")}
-    env.update({layout.ENV_DESTINATION: "s3://bkt/ns/job", **nodes})
+    env.update({layout.ENV_DESTINATION: "s3://bkt/ns/job", layout.ENV_NNODES: "1:4"})
     done = subprocess.run(
         [str(Path(sys.executable).parent / "jitckpt"), "agent"],
         env=env,
@@ -156,7 +162,7 @@ def test_the_agent_never_guesses_its_node(nodes: dict[str, str], expected: str) 
         check=False,
     )
     assert done.returncode == 2, done.stderr
-    assert "invalid settings" in done.stderr and expected in done.stderr
+    assert "invalid settings" in done.stderr and "JITCKPT_NNODES='1:4'" in done.stderr
     assert "Traceback" not in done.stderr
 
 
