@@ -32,7 +32,7 @@ ENV_GRACE_MARGIN = "JITCKPT_GRACE_MARGIN"  # seconds kept free before the SIGKIL
 ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete a torn one
 # Legacy run phase: seconds to wait for a first trainer process before giving up on it.
 ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
-# Seconds a socket connection may go without a complete line (leases excepted).
+# Seconds a socket connection that has not said hello may go without a complete line.
 ENV_SOCKET_IDLE_SECONDS = "JITCKPT_SOCKET_IDLE_SECONDS"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part

@@ -18,12 +18,18 @@ bounded (``Limits``):
   one beyond that closes the one idle the longest, preferring those that never
   said ``hello``, so junk connections cannot lock out the trainer's, and the
   memory of all connections is bounded by the cap times one connection's;
-- a connection that completes no line for ``idle_seconds`` is closed (the
-  shim reconnects and says its ``hello`` again), and one that does not read
-  its answers for ``write_seconds`` is closed;
+- a connection that has not said ``hello`` and completes no line for
+  ``idle_seconds`` is closed, and one that does not read its answers for
+  ``write_seconds`` is closed. A connection that said ``hello`` is its
+  process's to keep, idle or not (the kernel closes it when the process
+  dies, so it tells the drain whether the process lives, also for a process
+  without a lease); it stays under the cap, and is the last to give way;
 - a ``lease`` connection is held for its process's whole life by design: it
   has no idle timeout but its own cap (``leases``; a lease beyond it is closed
   at once), and after the lease nothing more is read: any byte closes it.
+
+The shim's client sends once more on a fresh connection (saying its
+``hello`` first) when the sidecar closed the one it had.
 
 Refusals and failures are logged in one line (the first of a connection as a
 warning, the rest at debug level), never as a traceback.
@@ -55,7 +61,7 @@ CAP_LOG_SECONDS = 60.0
 class Limits:
     """What one peer, or all of them together, can make the server hold."""
 
-    idle_seconds: float  # without a complete line (the agent's config sets it)
+    idle_seconds: float  # without a complete line, before hello (the agent's config sets it)
     connections: int = 128  # open at once, leases aside
     leases: int = 512  # launchers, workers and spawned data-loader workers of one pod
     write_seconds: float = 10.0  # to hand an answer to a peer that does not read it
@@ -191,8 +197,9 @@ class ProtocolServer:
         self, peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         while True:
+            idle = None if peer.pid is not None else self.limits.idle_seconds
             try:
-                line = await asyncio.wait_for(reader.readuntil(b"\n"), self.limits.idle_seconds)
+                line = await asyncio.wait_for(reader.readuntil(b"\n"), idle)
             except asyncio.IncompleteReadError:
                 return  # the peer closed (a partial line is dropped)
             except TimeoutError:

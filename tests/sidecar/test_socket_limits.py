@@ -23,7 +23,7 @@ import pytest
 
 from local.s3server import LocalS3
 from shim import protocol
-from shim.channel import Client
+from shim.channel import Client, SidecarLink
 from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
 
@@ -316,9 +316,21 @@ def test_hellos_without_bye_do_not_hold_the_drain(
     assert "grace deadline reached" not in agent.log()
 
 
-def test_idle_connections_close_leases_stay_and_the_shim_reconnects(
+def _still_open(sock: socket.socket) -> bool:
+    """True while the agent keeps ``sock`` open (nothing to read, no end of stream)."""
+    sock.setblocking(False)
+    try:
+        return not sock.recv(1)  # b"": closed; data: the agent said something unasked
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_idle_connections_close_processes_connections_stay_and_the_shim_reconnects(
     tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
 ) -> None:
+    """Anonymous connections time out; a lease and a hello'd connection are their process's."""
     agent = AgentProcess(
         root=tmp_path,
         destination=f"s3://{bucket}/ns-a/job-1",
@@ -332,8 +344,9 @@ def test_idle_connections_close_leases_stay_and_the_shim_reconnects(
         dribbler = _connect(agent.socket, timeout=30)
         lease = _connect(agent.socket, timeout=30)
         lease.sendall(protocol.encode(protocol.Lease(pid=os.getpid())))
-        client = Client(str(agent.socket))
-        assert client.call(shimtalk.hello(os.getpid())) == protocol.HelloAnswer(None)
+        trainer = _connect(agent.socket, timeout=30)
+        trainer.sendall(protocol.encode(shimtalk.hello(os.getpid())))
+        assert json.loads(_read_line(trainer))["ok"] is True
 
         stop = threading.Event()
 
@@ -348,24 +361,29 @@ def test_idle_connections_close_leases_stay_and_the_shim_reconnects(
         assert _read_line(dribbler) == b""  # bytes without a line do not count as activity
         stop.set()
         thread.join()
-        # Three idle periods later the lease is still open.
+        # Three idle periods later the lease and the trainer's connection are still open,
+        # and the trainer's still answers.
         time.sleep(3.0)
-        lease.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            lease.recv(1)
-        # The shim's client finds its connection closed, reconnects and says hello again.
-        status = client.call(protocol.Status())
-        assert isinstance(status, protocol.StatusAnswer)
-        assert [c["pid"] for c in status.status["clients"]] == [os.getpid()]
-        client.close()
+        assert _still_open(lease) and _still_open(trainer)
+        trainer.sendall(protocol.encode(protocol.Status()))
+        assert json.loads(_read_line(trainer))["ok"] is True
         # After its lease a connection accepts nothing else.
-        lease.setblocking(True)
-        lease.settimeout(10)
         lease.sendall(protocol.encode(protocol.Status()))
         assert _read_line(lease) == b""
-        lease.close()
-        idle.close()
-        dribbler.close()
+        for sock in (lease, idle, dribbler, trainer):
+            sock.close()
+
+        # The sidecar restarts (a native sidecar is restarted in place): the shim's client
+        # finds its connection closed, reconnects and says its hello again first.
+        link = SidecarLink(str(agent.socket))
+        assert link.hello(shimtalk.hello(os.getpid())) == protocol.HelloAnswer(None)
+        agent.kill()
+        agent.start()
+        agent.wait_ready()
+        status = link.call(protocol.Status())
+        assert isinstance(status, protocol.StatusAnswer)
+        assert [c["pid"] for c in status.status["clients"]] == [os.getpid()]
+        assert link.call(protocol.Bye(exit_code=0)) == protocol.OkAnswer()
         assert agent.terminate() == 0
     finally:
         agent.kill()
