@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 HF_TRAINER_MODULE = "transformers.trainer"
 LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 TORCH_DISTRIBUTED_MODULE = "torch.distributed"
+TORCH_MODULE = "torch"
+ACCELERATE_DATA_MODULE = "accelerate.data_loader"
 
 
 def _on_hf_trainer(config: ShimConfig) -> None:
@@ -54,6 +56,21 @@ def _on_torch_distributed(config: ShimConfig) -> None:
     when_imported(TORCH_DISTRIBUTED_MODULE, hook)
 
 
+def _on_torch(config: ShimConfig) -> None:
+    def hook(module: ModuleType) -> None:
+        from . import plainloop
+
+        plainloop.install(module, config)
+
+    def accelerate(module: ModuleType) -> None:
+        from . import plainloop
+
+        plainloop.install_accelerate(module)
+
+    when_imported(TORCH_MODULE, hook)
+    when_imported(ACCELERATE_DATA_MODULE, accelerate)
+
+
 def activate() -> None:
     """Set the shim up in this process; never raises."""
     try:
@@ -67,5 +84,6 @@ def activate() -> None:
         _on_hf_trainer(config)
         _on_lightning(config)
         _on_torch_distributed(config)
+        _on_torch(config)
     except Exception as exc:
         failed("jitckpt shim activation", exc)

@@ -34,7 +34,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import dist, final, watcher
+from . import claim, dist, final, watcher
 from .config import ShimConfig
 from .layout import CHECKPOINT_PREFIX, step_of
 from .log import failed, say_once
@@ -184,7 +184,7 @@ def _make_callback(base: type) -> type:
 
 
 def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
-    if getattr(trainer, ATTRIBUTE, None) is not None:
+    if getattr(trainer, ATTRIBUTE, None) is not None or not claim.claim(FRAMEWORK):
         return
     watcher.stop()
     session = TrainerSession(trainer, config)

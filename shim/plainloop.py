@@ -1,0 +1,505 @@
+"""Plain PyTorch loops (Accelerate's included): JIT checkpoints and an exact resume.
+
+Installed when torch is imported; nothing here wraps a user object. torch's
+global optimizer-step hook is the step boundary: the step number counts the
+steps of the first optimizer that stepped (the *lead*), since the job began.
+Under Accelerate a step held back for gradient accumulation, or skipped by
+the grad scaler, never reaches the inner optimizer, so it does not count.
+
+At every step all ranks agree on the stop (``TrainingRun.at_step_end``).
+The save itself waits for the *save point*: the loop's next request for a
+batch. By then the step's own code (``scheduler.step()``, ``zero_grad()``,
+logging) has run, and the place is one the next process can find again: the
+same batch request, reached by running the script from its top while the
+finished training passes yield nothing (``dataloaders``). There the state is
+put back (the *resume point*) and training goes on as if never stopped.
+
+A loop the shim cannot follow exactly (see ``dataloaders`` and the checks
+below) gets no JIT checkpoint: it is said once, SIGTERM acts as without the
+shim, and the ``checkpoint-<step>`` directories the program writes under
+``$JITCKPT_DIR`` are still staged (``watcher``). Before its first optimizer
+step the loop does nothing of its own; a process whose training a framework
+integration (HF's Trainer, Lightning) claimed is left to that integration.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Dict, Optional
+
+from . import claim, dataloaders, dist, loopstate, pids, rngstate, watcher
+from .checkpoints import newest_checkpoint
+from .config import ShimConfig
+from .exitstatus import STATUS
+from .log import failed, say, say_once
+from .protocol import KIND_JIT
+from .signals import FLAG
+from .trainrun import TrainingRun
+
+FRAMEWORK = "torch"
+WAITING, FOLLOWING, OFF = "waiting", "following", "off"
+# Modules whose code on the stack at an optimizer step means a framework drives the loop.
+FRAMEWORK_MODULES = (
+    "transformers.trainer",
+    "lightning.",
+    "pytorch_lightning.",
+    "lightning_fabric.",
+)
+# After SIGTERM, how long the loop may go without a step boundary (or, after the
+# stop was agreed, without asking for its next batch) before the shim gives up and
+# SIGTERM acts as it would without it: the training is over, or the loop is stuck.
+MIN_PATIENCE_SECONDS = 10.0
+WATCH_POLL_SECONDS = 0.5
+CANNOT_RESUME_EXIT = 1
+
+
+class Resume:
+    """The checkpoint this process resumes from, until the resume point is reached."""
+
+    def __init__(self, step: int, saved: Dict[str, Any]) -> None:
+        self.step = step
+        self.saved = saved
+        self.early = False  # modules and optimizers were put back before the loop
+        self.done = False  # the resume point was reached
+
+
+class PlainLoop:
+    """The plain-loop integration of this process."""
+
+    def __init__(self, config: ShimConfig) -> None:
+        self.config = config
+        self.state = WAITING
+        self.run: Optional[TrainingRun] = None
+        self.prepared = False
+        self.resume: Optional[Resume] = None
+        self.base_step = 0  # the step the process resumed at
+        self.steps = 0  # lead-optimizer steps in this process
+        self.lead: Optional["weakref.ref[Any]"] = None
+        self.others: Dict[int, int] = {}  # other optimizers: steps since the lead's last one
+        self.epoch = 0.0
+        self.stop_pending = False
+        self.last_step_at = time.monotonic()
+        self.longest_gap = 0.0
+        self._lock = threading.Lock()
+        self._saving = False
+        self._gave_up = False
+        self._hooks: list = []
+        self.pid = os.getpid()  # forked DataLoader workers inherit the hooks, never act on them
+        self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
+
+    @property
+    def step(self) -> int:
+        return self.base_step + self.steps
+
+    # -- hooks -----------------------------------------------------------------
+    def install(self, torch: Any) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        loopstate.install(torch)
+        dataloaders.install(torch)
+        dataloaders.TRACKER.listener = _Listener(self)
+        self._hooks.append(register_optimizer_step_post_hook(self._on_step))
+        self._forward = register_module_forward_pre_hook(self._on_forward)
+
+    def _remove_forward_hook(self) -> None:
+        if self._forward is not None:
+            self._forward.remove()
+            self._forward = None
+
+    def _on_forward(self, module: Any, args: Any) -> None:
+        if os.getpid() != self.pid:
+            return
+        try:
+            self._prepare()
+            if self.resume is not None and not self.resume.early:
+                self._early_restore()
+            if self.resume is None or self.resume.early:
+                self._remove_forward_hook()
+        except Exception as exc:
+            failed("resuming the plain loop before its first forward pass", exc)
+            self._remove_forward_hook()
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.state == OFF or os.getpid() != self.pid:
+            return
+        try:
+            self._step(optimizer)
+        except Exception as exc:
+            failed("following the plain training loop", exc)
+            self._off("the shim's own error")
+
+    # -- the first events: a resume to prepare? ---------------------------------------
+    def _prepare(self) -> None:
+        """At the first forward pass or pass over a loader: find a checkpoint to resume."""
+        if self.prepared or self.state == OFF:
+            return
+        self.prepared = True
+        if claim.owner() is not None:
+            self._off(None)
+            return
+        marker = loopstate.node_marker(dist.ranks()["node_rank"])
+        if newest_checkpoint(self.config.checkpoints_dir, marker) is None:
+            return  # nothing of ours here: the sidecar restored nothing for a plain loop
+        self._begin()
+        assert self.run is not None
+        step = self.run.local_resume_step()
+        if step is None:
+            return
+        ranks = dist.ranks()
+        directory = self.run.checkpoint_path(step)
+        saved = loopstate.read(directory, ranks["rank"])
+        if saved is None:
+            return
+        reason = loopstate.unusable(saved, step, ranks["rank"], ranks["world_size"])
+        if reason is not None:
+            say("cannot resume from %s (%s): training starts over" % (directory, reason))
+            return
+        self.resume = Resume(step, saved)
+        dataloaders.TRACKER.assign(saved["loaders"])
+        if self.resume is not None:
+            say("resuming the training loop from %s" % directory)
+
+    def _begin(self) -> None:
+        if self.run is not None:
+            return
+        node = dist.ranks()["node_rank"]
+        self.run = TrainingRun(self.config, FRAMEWORK, loopstate.node_marker(node))
+        self.run.process.hello(FRAMEWORK)
+        # Registered after the session's own: runs before its ``bye``.
+        atexit.register(self._at_exit, os.getpid())
+
+    def _early_restore(self) -> None:
+        """Modules, optimizers (and what exists of schedulers, scalers) before the loop runs."""
+        assert self.resume is not None
+        objects = loopstate.Objects()
+        if not objects.modules:
+            return  # no optimizer yet: try again at the next event
+        reason = loopstate.mismatch(self.resume.saved, objects, complete=False)
+        if reason is not None:
+            self.cannot_resume(reason)
+            return
+        loopstate.apply(self.resume.saved, objects)
+        self.resume.early = True
+
+    def cannot_resume(self, reason: str) -> None:
+        """The checkpoint does not fit this program: start over, or stop if it is too late."""
+        if self.resume is None:
+            return
+        if self.resume.early or dataloaders.TRACKER.replayed:
+            self._fatal(reason)
+        say(
+            "cannot resume the training loop from checkpoint-%d (%s): training starts over"
+            % (self.resume.step, reason)
+        )
+        self.resume = None
+        dataloaders.TRACKER.drop_plans()
+
+    def _fatal(self, reason: str) -> None:
+        """Resuming went too far to start over, and cannot go on exactly: stop the process."""
+        name = "checkpoint-%d" % self.resume.step if self.resume is not None else "the checkpoint"
+        say(
+            "cannot resume exactly from %s: %s. Stopping (exit %d) rather than training on "
+            "from a wrong state; to start over, remove %s from the job's destination"
+            % (name, reason, CANNOT_RESUME_EXIT, name)
+        )
+        if self.run is not None:
+            self.run.process.bye(CANNOT_RESUME_EXIT)
+        pids.unregister()
+        sys.stderr.flush()
+        os._exit(CANNOT_RESUME_EXIT)
+
+    # -- the resume point --------------------------------------------------------
+    def resume_point(self, position: dataloaders.Position, iterator: Any) -> None:
+        """The first batch request of the interrupted pass: put everything back."""
+        position.resume_here = False
+        resume = self.resume
+        if resume is None or resume.done:
+            return
+        sampler_iterator = getattr(iterator, "_sampler_iter", None)
+        if isinstance(sampler_iterator, dataloaders.Skipping):
+            sampler_iterator.prime()  # the sampler draws its order from the pass's start states
+        objects = loopstate.Objects()
+        reason = loopstate.mismatch(resume.saved, objects, complete=True)
+        if reason is not None:
+            self._fatal(reason)
+        loopstate.apply(resume.saved, objects)
+        rngstate.restore(resume.saved["rng"])
+        resume.done = True
+        self.base_step = resume.step
+        resume.saved = {}
+        self._remove_forward_hook()
+        where = position.track.current or position
+        say(
+            "resumed at step %d: DataLoader #%d, pass %d, after batch %d"
+            % (resume.step, where.track.index, where.iteration, where.yielded)
+        )
+
+    # -- the step boundary ---------------------------------------------------------
+    def _step(self, optimizer: Any) -> None:
+        if self.state == WAITING:
+            self._start(optimizer)
+            if self.state != FOLLOWING:
+                return
+        lead = self.lead() if self.lead is not None else None
+        if optimizer is not lead:
+            self.others[id(optimizer)] = self.others.get(id(optimizer), 0) + 1
+            return
+        if self.resume is not None and not self.resume.done:
+            self._fatal("an optimizer step came before the place the checkpoint was written at")
+        problem = self._problem_at_step()
+        self.steps += 1
+        now = time.monotonic()
+        self.longest_gap = max(self.longest_gap, now - self.last_step_at)
+        self.last_step_at = now
+        self.epoch = dataloaders.TRACKER.epoch()
+        assert self.run is not None
+        stop = self.run.at_step_end(self.step, 0, self.epoch, leave=problem is not None)
+        if self.run.left:
+            self._off(problem or "another rank cannot follow it")
+        elif stop:
+            self.stop_pending = True
+
+    def _start(self, optimizer: Any) -> None:
+        """The first optimizer step of this process: follow the loop, or leave it alone."""
+        self._prepare()
+        if self.state == OFF:
+            return
+        if claim.owner() is not None or _framework_on_stack():
+            self._off(None)
+            return
+        self._begin()
+        assert self.run is not None
+        mine = -1 if self.resume is None else self.resume.step
+        low = dist.all_reduce_int(mine, maximum=False)
+        high = dist.all_reduce_int(mine, maximum=True)
+        if low != high:
+            self._fatal("the ranks resumed different steps (%d to %d)" % (low, high))
+        objects = loopstate.Objects()
+        problem = None
+        if objects.uncovered():
+            problem = (
+                "an optimizer holds parameters of a module built before torch's import "
+                "or copied (copy.deepcopy), so the shim cannot tell which module to save"
+            )
+        elif objects.sharded() is not None:
+            problem = "%s shards its state across ranks (not covered yet)" % objects.sharded()
+        if dist.all_reduce_int(1 if problem else 0, maximum=True):
+            self._off(problem or "another rank cannot follow it")
+            return
+        self.lead = weakref.ref(optimizer)
+        self.state = FOLLOWING
+        self.last_step_at = time.monotonic()
+        self.run.start(lambda: self.step, on_sigterm=self._on_sigterm)
+        FLAG.armed = self.config.jit
+        say_once(
+            "plainloop",
+            "following this training loop: %d module(s), %d optimizer(s), %d LR scheduler(s); "
+            "SIGTERM saves at the next step"
+            % (len(objects.modules), len(objects.optimizers), len(objects.schedulers)),
+        )
+
+    def _problem_at_step(self) -> Optional[str]:
+        uneven = [count for count in self.others.values() if count != 1]
+        for key in self.others:
+            self.others[key] = 0
+        if uneven:
+            return "two optimizers step at different rates"
+        return dataloaders.TRACKER.step_taken()
+
+    # -- the save point ------------------------------------------------------------
+    def before_batch(self, position: dataloaders.Position, iterator: Any) -> None:
+        if position.resume_here:
+            self.resume_point(position, iterator)
+        if self.stop_pending and position.counts and self.state == FOLLOWING:
+            self._save(position)
+
+    def _save(self, position: dataloaders.Position) -> None:
+        with self._lock:
+            if self._gave_up:
+                return
+            self._saving = True
+        self.stop_pending = False
+        try:
+            problem = _read_ahead(position.owner)
+            if dist.all_reduce_int(1 if problem else 0, maximum=True):
+                self._off(problem or "another rank cannot save its place")
+                return
+            self._write_and_exit(position)
+        except Exception as exc:
+            failed("the JIT checkpoint of the training loop", exc)
+            self._off("its JIT checkpoint failed")
+
+    def _write_and_exit(self, position: dataloaders.Position) -> None:
+        assert self.run is not None
+        watcher.stop()  # it must not stage our directory as the program's own
+        ranks = dist.ranks()
+        step = self.step
+        directory = self.run.checkpoint_path(step)
+        payload = loopstate.collect(loopstate.Objects(), step, ranks["rank"], ranks["world_size"])
+        payload["rng"] = rngstate.capture()
+        payload["loaders"] = dataloaders.TRACKER.snapshot(position)
+        loopstate.write(directory, ranks["rank"], payload)
+        dist.barrier()
+        if ranks["local_rank"] == 0:
+            loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
+        self.run.stage(directory, step, KIND_JIT)
+        dataloaders.TRACKER.shutdown_workers()
+        self.run.exit_after_jit(step, 0, self.epoch)
+
+    # -- leaving the loop alone -------------------------------------------------------
+    def _off(self, reason: Optional[str]) -> None:
+        """Stop following: the loop trains on as if the shim were absent.
+
+        ``reason`` None: a framework integration owns this process (it owns SIGTERM too).
+        """
+        self.state = OFF
+        dataloaders.TRACKER.on = False
+        self._remove_forward_hook()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self.resume is not None and not self.resume.done:
+            if self.resume.early or dataloaders.TRACKER.replayed:
+                self._fatal("the loop could not be followed to its saved place (%s)" % reason)
+            self.resume = None
+        if reason is None:
+            return
+        say_once(
+            "plainloop-off",
+            "this training loop cannot be resumed exactly (%s): it gets no JIT checkpoint and "
+            "SIGTERM acts as without jitckpt; checkpoint-<step> directories it writes under "
+            "$JITCKPT_DIR are still uploaded" % reason,
+        )
+        FLAG.armed = False
+        if FLAG.raised:
+            FLAG.raised = False
+            FLAG.deliver_as_before()
+
+    # -- SIGTERM with no step boundary coming --------------------------------------------
+    def _on_sigterm(self) -> None:
+        threading.Thread(target=self._watch, name="jitckpt-loop-watch", daemon=True).start()
+
+    def _patience(self) -> float:
+        patience = max(MIN_PATIENCE_SECONDS, 2 * self.longest_gap)
+        grace = self.config.grace_seconds
+        if grace is not None:
+            patience = max(MIN_PATIENCE_SECONDS, min(patience, grace / 2.0))
+        return patience
+
+    def _watch(self) -> None:
+        signalled = time.monotonic()
+        while True:
+            time.sleep(WATCH_POLL_SECONDS)
+            with self._lock:
+                if self._saving or self.state != FOLLOWING:
+                    return
+                since = max(signalled, self.last_step_at)
+                if time.monotonic() - since < self._patience():
+                    continue
+                self._gave_up = True
+            say(
+                "no step boundary for %.0f s after SIGTERM (training over, or the loop is "
+                "stuck): SIGTERM acts as without jitckpt" % self._patience()
+            )
+            FLAG.armed = False
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+    # -- the normal end -------------------------------------------------------------
+    def _at_exit(self, pid: int) -> None:
+        if os.getpid() != pid or self.run is None:
+            return
+        try:
+            if self.resume is not None and not self.resume.done:
+                hint = ""
+                if STATUS.code() != 0 and dataloaders.TRACKER.replayed:
+                    hint = (
+                        " (it failed in an epoch the resume replayed without batches: a "
+                        "variable set only inside the loop, such as the last loss, is unset there)"
+                    )
+                say(
+                    "the loop never reached the place checkpoint-%d was written at: "
+                    "nothing was resumed%s" % (self.resume.step, hint)
+                )
+            if self.state != FOLLOWING:
+                return
+            self.run.final_progress(self.step, 0, self.epoch)
+            if STATUS.code() == 0:
+                self.run.capture_final_weights(_one_module(loopstate.Objects().modules))
+        except Exception as exc:
+            failed("the plain loop's end", exc)
+
+
+class _Listener(dataloaders.Listener):
+    def __init__(self, loop: PlainLoop) -> None:
+        self.loop = loop
+
+    def iteration_begins(self, track: dataloaders.LoaderTrack) -> None:
+        loop = self.loop
+        if os.getpid() != loop.pid:
+            return
+        loop._prepare()
+        if loop.resume is not None and not loop.resume.early:
+            loop._early_restore()
+
+    def before_batch(self, position: dataloaders.Position, iterator: Any) -> None:
+        self.loop.before_batch(position, iterator)
+
+    def plan_refused(self, reason: str) -> None:
+        self.loop.cannot_resume(reason)
+
+
+def _framework_on_stack() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if isinstance(name, str) and name.startswith(FRAMEWORK_MODULES):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _read_ahead(owner: Any) -> Optional[str]:
+    """Why the loop's iterator is not where the loop is (a wrapper that reads ahead)."""
+    if owner is None:
+        return None
+    for referrer in gc.get_referrers(owner):
+        if isinstance(referrer, itertools.cycle):
+            return "itertools.cycle over a DataLoader (it replays batches it kept)"
+    return None
+
+
+def _one_module(modules: list) -> Any:
+    if len(modules) == 1:
+        return modules[0]
+    if not modules:
+        return None
+    import torch
+
+    return torch.nn.ModuleList([getattr(m, "module", m) for m in modules])
+
+
+_LOOP: list = []
+
+
+def install(torch: Any, config: ShimConfig) -> None:
+    """Follow plain loops in this process (the post-import hook on torch calls this)."""
+    if _LOOP or pids.is_multiprocessing_child():
+        return
+    loop = PlainLoop(config)
+    _LOOP.append(loop)
+    loop.install(torch)
+
+
+def install_accelerate(module: Any) -> None:
+    if _LOOP:
+        dataloaders.install_accelerate(module)

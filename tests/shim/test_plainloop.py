@@ -1,0 +1,100 @@
+"""Plain PyTorch loops under the shim: real scripts, real processes, real SIGTERM.
+
+No sidecar here (the JIT checkpoint stays in the local dir, where the next
+process finds it); the pod runner, the sidecar and the store are exercised
+in tests/e2e/test_plainloop.py. The demo's hold (``JITCKPT_DEMO_HOLD_AT_STEP``)
+stops the first run exactly at a step chosen by a seeded RNG.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.shim.support import PYTHON, ShimEnv, Spawn, checkpoint_steps
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"
+SHUFFLED = SCRIPTS / "loop_shuffled.py"
+CYCLE = SCRIPTS / "loop_cycle.py"
+HOLD = "JITCKPT_DEMO_HOLD_AT_STEP"
+
+
+def assert_bitwise_equal(left: Path, right: Path) -> None:
+    a = torch.load(left, weights_only=True)
+    b = torch.load(right, weights_only=True)
+    assert a.keys() == b.keys()
+    assert [name for name in a if not torch.equal(a[name], b[name])] == []
+
+
+def losses(output: str) -> list[str]:
+    """The per-step losses the script printed ("epoch E step S loss L")."""
+    return [
+        line.split(" loss ")[1]
+        for line in output.splitlines()
+        if line.startswith("epoch ") and " step " in line
+    ]
+
+
+@pytest.mark.slow
+def test_shuffled_loop_with_workers_and_dropout_resumes_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """RandomSampler, two DataLoader workers, dropout, StepLR: stopped mid-epoch, resumed."""
+    step = random.Random(1203).randint(12, 28)  # 3 epochs of 10 batches
+    args = [PYTHON, str(SHUFFLED), "--epochs", "3"]
+    reference = spawn(
+        [*args, "--save-model", str(tmp_path / "reference.pt")], shim_env.without_shim()
+    )
+    cut = spawn(
+        [*args, "--save-model", str(tmp_path / "cut.pt")], {**shim_env.env, HOLD: str(step)}
+    )
+    cut.wait_for(f"holding at step {step} ", timeout=180)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert "training finished" not in cut.output() and not (tmp_path / "cut.pt").exists()
+    assert checkpoint_steps(shim_env.checkpoints) == [step]
+    state_dir = shim_env.checkpoints / f"checkpoint-{step}" / "loop-state"
+    assert sorted(p.name for p in state_dir.iterdir()) == ["node-0.json", "rank-00000.pt"]
+    assert json.loads((state_dir / "node-0.json").read_text())["step"] == step
+    assert reference.wait(timeout=180) == 0, reference.output()[-3000:]
+
+    resumed = spawn([*args, "--save-model", str(tmp_path / "resumed.pt")], shim_env.env)
+    assert resumed.wait(timeout=180) == 0, resumed.output()[-3000:]
+    output = resumed.output()
+    assert f"resumed at step {step}: DataLoader #0, pass {(step - 1) // 10}" in output
+    assert output.count("training finished") == 1
+    assert_bitwise_equal(tmp_path / "resumed.pt", tmp_path / "reference.pt")
+    # The losses printed after the resume are the uninterrupted run's, batch for batch.
+    assert losses(output) == losses(reference.output())[step:]
+
+
+@pytest.mark.slow
+def test_cycle_loop_is_not_followed_trains_unchanged_and_sigterm_acts_as_without_shim(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    args = [PYTHON, str(CYCLE)]
+    plain = spawn([*args, "--save-model", str(tmp_path / "plain.pt")], shim_env.without_shim())
+    shimmed = spawn([*args, "--save-model", str(tmp_path / "shimmed.pt")], shim_env.env)
+    assert shimmed.wait(timeout=180) == 0, shimmed.output()[-3000:]
+    assert plain.wait(timeout=180) == 0
+    assert_bitwise_equal(tmp_path / "shimmed.pt", tmp_path / "plain.pt")
+    reasons = [
+        line for line in shimmed.output().splitlines() if "cannot be resumed exactly" in line
+    ]
+    assert len(reasons) == 1 and "without a new batch from a DataLoader" in reasons[0]
+
+    # Stopped while cycle still reads its first pass: found at the save point, no checkpoint,
+    # and the process dies of SIGTERM as it would without the shim.
+    stopped = spawn(
+        [*args, "--save-model", str(tmp_path / "stopped.pt")], {**shim_env.env, HOLD: "2"}
+    )
+    stopped.wait_for("holding at step 2 ", timeout=180)
+    stopped.signal(signal.SIGTERM)
+    assert stopped.wait(timeout=120) == -signal.SIGTERM
+    assert "itertools.cycle over a DataLoader" in stopped.output()
+    assert checkpoint_steps(shim_env.checkpoints) == []
