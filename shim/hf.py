@@ -122,7 +122,6 @@ class TrainerSession:
         if kind == KIND_JIT:
             self.run.exit_after_jit(*self.position())
 
-
     # -- the final model --------------------------------------------------------
     def final_target(self, output_dir: Any) -> Optional[str]:
         """The directory a ``save_model(output_dir)`` call writes the final model to, or None.

@@ -93,7 +93,10 @@ def test_newest_checkpoint_skips_unfinished(tmp_path: Path) -> None:
         if finished:
             (path / "trainer_state.json").write_text("{}")
     (tmp_path / "checkpoint-x").mkdir()
-    assert newest_checkpoint(str(tmp_path), "trainer_state.json") == (10, str(tmp_path / "checkpoint-10"))
+    assert newest_checkpoint(str(tmp_path), "trainer_state.json") == (
+        10,
+        str(tmp_path / "checkpoint-10"),
+    )
     assert newest_checkpoint(str(tmp_path / "missing"), "trainer_state.json") is None
 
 
