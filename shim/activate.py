@@ -24,6 +24,8 @@ LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 TORCH_DISTRIBUTED_MODULE = "torch.distributed"
 TORCH_MODULE = "torch"
 ACCELERATE_DATA_MODULE = "accelerate.data_loader"
+# Where the save_pretrained a plain loop's final model may be written with is defined.
+SAVE_PRETRAINED_MODULES = ("transformers.modeling_utils", "transformers.tokenization_utils_base")
 
 
 def _on_hf_trainer(config: ShimConfig) -> None:
@@ -67,8 +69,15 @@ def _on_torch(config: ShimConfig) -> None:
 
         plainloop.install_accelerate(module)
 
+    def save_pretrained(module: ModuleType) -> None:
+        from . import finalsaves
+
+        finalsaves.watch_save_pretrained(module)
+
     when_imported(TORCH_MODULE, hook)
     when_imported(ACCELERATE_DATA_MODULE, accelerate)
+    for name in SAVE_PRETRAINED_MODULES:
+        when_imported(name, save_pretrained)
 
 
 def activate() -> None:

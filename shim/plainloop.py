@@ -35,7 +35,7 @@ import time
 import weakref
 from typing import Any, Dict, Optional
 
-from . import claim, dataloaders, dist, loopstate, pids, rngstate, watcher
+from . import claim, dataloaders, dist, finalsaves, loopstate, pids, rngstate, watcher
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .exitstatus import STATUS
@@ -498,6 +498,7 @@ def install(torch: Any, config: ShimConfig) -> None:
     loop = PlainLoop(config)
     _LOOP.append(loop)
     loop.install(torch)
+    finalsaves.install(torch, config, lambda: loop.step)  # the model saved after the last step
 
 
 def install_accelerate(module: Any) -> None:
