@@ -41,7 +41,7 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import claim, dist, watcher
+from . import claim, dist, final, watcher
 from .checkpoints import list_checkpoints
 from .config import ShimConfig
 from .lightning_data import Position
@@ -177,6 +177,7 @@ class FitSession:
         self.max_steps = 0
         self.last_step = -1
         self.deferred: Optional[str] = None  # the kind of a save waiting for validation's end
+        self.trained = False  # the last fit() returned normally: saves from now on are final
 
     # -- where the run stands -------------------------------------------------------
     def batches(self) -> float:
@@ -212,6 +213,8 @@ class FitSession:
     def start_fit(self, resume_wanted: bool) -> None:
         self.resume_wanted = resume_wanted
         self.deferred = None
+        self.trained = False
+        self.run.training_again()
         self.run.start(lambda: int(self.trainer.global_step))
 
     def train_started(self) -> None:
@@ -330,6 +333,24 @@ class FitSession:
     def end_train(self) -> None:
         self.run.final_progress(*self.where())
 
+    # -- the final model ----------------------------------------------------------------
+    def saved(self, filepath: Any) -> None:
+        """The program saved a checkpoint: after a normal ``fit()`` end, that is the model.
+
+        Recorded on global rank 0 for a local file outside ``$JITCKPT_DIR``; the
+        sidecar gets it when the process exits with status 0 (``shim/final.py``).
+        """
+        if not self.trained or self.trainer.global_rank != 0 or not final.enabled(self.config):
+            return
+        if not isinstance(filepath, (str, os.PathLike)) or "://" in os.fspath(filepath):
+            return  # a remote URL: fsspec wrote it, nothing is on this volume
+        path = os.path.abspath(os.fspath(filepath))
+        if path.startswith(os.path.abspath(self.config.local_dir) + os.sep):
+            return
+        if os.path.isfile(path):
+            step = int(self.trainer.global_step)
+            self.run.final_output(os.path.dirname(path), [os.path.basename(path)], step)
+
 
 def _make_callback(base: type) -> type:
     """A ``Callback`` subclass built against this Lightning's base class."""
@@ -440,10 +461,24 @@ class Integration:
                     # SIGTERM came after the last step boundary: act as if it came now.
                     FLAG.raised = False
                     FLAG.deliver_as_before()
+            session.trained = session.run.jit_step is None
             session.run.capture_final_weights(getattr(trainer, "lightning_module", None))
             return result
 
         return fit
+
+    def make_save_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def save_checkpoint(trainer: Any, filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(trainer, filepath, *args, **kwargs)
+            session = self.session(trainer)
+            if session is not None:
+                try:
+                    session.saved(filepath)
+                except Exception as exc:
+                    failed("recording the final model", exc)
+            return result
+
+        return save_checkpoint
 
     def make_restore(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _restore_modules_and_callbacks(
@@ -507,6 +542,7 @@ def install(package: ModuleType, config: ShimConfig) -> None:
         return
     integration = Integration(parts, config)
     _wrap(trainer_cls, "fit", integration.make_fit)
+    _wrap(trainer_cls, "save_checkpoint", integration.make_save_checkpoint)
     _wrap(
         parts.checkpoint_connector,
         "_restore_modules_and_callbacks",

@@ -33,7 +33,7 @@ import sys
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from .log import failed, say_once
+from .log import failed, say, say_once
 
 # The version of what ``Position.record`` returns (a rank's file in the checkpoint).
 RECORD_VERSION = 1
@@ -295,5 +295,9 @@ class Position:
             self.pending = Resume(states, at_iter=states)
         elif record["exact"]:
             self.pending = Resume(states, record["at_iter"], record["at_first"], record["consumed"])
+            say(
+                "the train DataLoader continues epoch %d after its batch %d, as the run stopped"
+                % (record["epoch"], record["consumed"])
+            )
         else:
             self.pending = Resume(states)

@@ -5,7 +5,8 @@ schedule trains on a synthetic dataset (built from a seed, nothing is
 downloaded) whose items get random noise as they are read, through a
 shuffled DataLoader, with a validation pass at every epoch end. After
 ``fit()`` it does what scripts do once training is over: it says so and
-saves the model, which a run stopped for a JIT checkpoint must never reach.
+saves the trained model (``final.ckpt``), which a run stopped for a JIT
+checkpoint must never reach.
 
     torchrun --nnodes 2 ... train_lightning.py --num-nodes 2 --max-steps 30
 
@@ -31,7 +32,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", default="lightning-out")
     parser.add_argument("--max-steps", type=int, default=30)
-    parser.add_argument("--num-nodes", type=int, default=1)
+    # torchrun tells each process the job's layout; a plain `python` run is one node.
+    nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    parser.add_argument("--num-nodes", type=int, default=nodes)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--hidden", type=int, default=32)
@@ -40,6 +43,7 @@ def parse_args() -> argparse.Namespace:
         "--package", choices=["lightning", "pytorch_lightning"], default="lightning"
     )
     parser.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--accumulate-grad-batches", type=int, default=1)
     return parser.parse_args()
 
 
@@ -116,12 +120,11 @@ def main() -> int:
         callbacks=[PrintSteps()],
         enable_progress_bar=False,
         log_every_n_steps=5,
+        accumulate_grad_batches=args.accumulate_grad_batches,
     )
     trainer.fit(model, train, val if args.validate else None)
     print(f"fit() returned at step {trainer.global_step}", flush=True)
-    if trainer.is_global_zero:
-        os.makedirs(args.output_dir, exist_ok=True)
-        torch.save(model.state_dict(), os.path.join(args.output_dir, "final-model.pt"))
+    trainer.save_checkpoint(os.path.join(args.output_dir, "final.ckpt"))
     return 0
 
 
