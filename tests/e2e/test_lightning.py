@@ -1,0 +1,122 @@
+"""PyTorch Lightning jobs through ``jitckpt demo``, the way a user runs it on their script.
+
+The script (``scripts/train_lightning.py``) is an ordinary Lightning script:
+dropout, a step-wise LR schedule, a shuffled DataLoader whose items get random
+noise, validation at every epoch end, work after ``fit()``. Each demo runs it
+as a PyTorchJob's pods through the webhook's mutation and the pod runner,
+holds its ranks at a step drawn from a seeded RNG (the seed is in the test,
+the step is printed), preempts, resumes in new pods, and compares the final
+weights bitwise with a run never preempted:
+
+- two nodes, SIGTERM to one pod only, imported as ``pytorch_lightning``;
+- one node with periodic saves every 5 steps, preempted between two of them:
+  the periodic checkpoints are in the store and the resume is from the JIT one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("scripts") / "train_lightning.py"
+JITCKPT = Path(sys.executable).with_name("jitckpt")
+MAX_STEPS = 30
+EPOCH_STEPS = 12  # 96 samples in batches of 8
+# Mid-epoch steps (a stop at an epoch's end is in tests/shim/test_lightning.py).
+MID_EPOCH = [s for s in range(3, MAX_STEPS - 2) if s % EPOCH_STEPS]
+
+
+def demo(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """``jitckpt demo --script train_lightning.py --compare --json ARGS``: its summary."""
+    command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json"]
+    command += ["--workdir", str(tmp_path / "demo"), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=500, check=False)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
+    summary: dict[str, Any] = json.loads(lines[0])
+    assert summary["ok"] is True, (summary, done.stderr[-4000:])
+    assert done.returncode == 0
+    return summary
+
+
+def assert_preempted_and_resumed(summary: dict[str, Any], step: int, nnodes: int) -> int:
+    """What every preempted Lightning demo must show; returns the JIT step."""
+    jit = summary["jit_checkpoint_step"]
+    assert jit in (step, step + 1), summary  # the requested step, or the next
+    assert summary["resumed_from_step"] == jit
+    assert summary["trainer_exit_codes"] == [143] * nnodes  # never a success
+    assert summary["final_exit_codes"] == [0] * nnodes
+    assert summary["final_step"] == MAX_STEPS
+    assert summary["equal_to_uninterrupted"] is True
+    assert all(f"step {jit} (jit)" in m for m in summary["termination_messages"]), summary
+    for log in summary["trainer_logs"]["preempted"]:
+        text = Path(log).read_text(errors="replace")
+        assert f"stopping at step {jit} for a JIT checkpoint" in text
+        assert "fit() returned" not in text  # the code after fit() never ran
+    for log in summary["trainer_logs"]["resumed"]:
+        text = Path(log).read_text(errors="replace")
+        assert f"checkpoint-{jit}" in text and "resuming from" in text
+        assert f"fit() returned at step {MAX_STEPS}" in text
+    return int(jit)
+
+
+@pytest.mark.slow
+def test_two_nodes_one_preempted_resume_bitwise(tmp_path: Path) -> None:
+    step = random.Random(5501).choice(MID_EPOCH)
+    print(f"seed 5501: preempting at step {step}", file=sys.stderr)
+    summary = demo(
+        tmp_path,
+        "--keep",
+        "--preempt-at-step",
+        str(step),
+        "--preempt-nodes",
+        "one",
+        "--",
+        "--package",
+        "pytorch_lightning",
+    )
+    assert summary["nnodes"] == 2 and summary["preempt_nodes"] == "one"
+    assert_preempted_and_resumed(summary, step, 2)
+
+
+@pytest.mark.slow
+def test_periodic_checkpoints_uploaded_and_a_stop_between_resumes_from_the_jit_one(
+    tmp_path: Path, s3_bucket: str
+) -> None:
+    every = 5
+    step = random.Random(6602).choice([s for s in MID_EPOCH if s > every and s % every])
+    print(f"seed 6602: preempting at step {step}", file=sys.stderr)
+    summary = demo(
+        tmp_path,
+        "--keep",
+        "--nnodes",
+        "1",
+        "--preempt-at-step",
+        str(step),
+        "--destination",
+        f"s3://{s3_bucket}/lightning",
+        "--set",
+        f"save-steps={every}",
+    )
+    jit = assert_preempted_and_resumed(summary, step, 1)
+    listing = subprocess.run(
+        [str(JITCKPT), "ls", summary["destination"], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    document = json.loads(listing.stdout)
+    kinds = {row["step"]: row["kind"] for row in document["checkpoints"] if row["state"] == "valid"}
+    periodic = list(range(every, MAX_STEPS + 1, every))
+    # Both runs' periodic checkpoints (before and after the stop) and the JIT one.
+    assert kinds == {**dict.fromkeys(periodic, "periodic"), jit: "jit"}, document
+    # What the script saved after fit() (trainer.save_checkpoint) is the final model.
+    assert document["final"] is not None and document["final"]["state"] == "valid", document
+    assert document["final"]["step"] == MAX_STEPS
