@@ -46,6 +46,19 @@ class Job:
         )
 
 
+async def _download(
+    store: Any, key: str, target: Path, expected: dict[str, tuple[int, str]]
+) -> None:
+    """As a restore does: the file made by the caller, written through its descriptor."""
+    path = target / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        await store.get_file(key, fd, *expected[key])
+    finally:
+        os.close(fd)
+
+
 async def _jitckpt(job: Job) -> dict[str, Any]:
 
     from sidecar import checksum
@@ -56,6 +69,7 @@ async def _jitckpt(job: Job) -> dict[str, Any]:
         ENV_PART_SIZE,
         AgentConfig,
     )
+    from sidecar.safefs import open_path
     from sidecar.storage.factory import open_store
 
     # The sidecar's own tuning knobs pass through; everything else is its default.
@@ -87,11 +101,9 @@ async def _jitckpt(job: Job) -> dict[str, Any]:
         started, cpu = time.perf_counter(), time.process_time()
         if job.direction == "upload":
             # As the agent commits: the CRC32C comes out of the upload itself.
-            await asyncio.gather(*(store.put_file(key, path) for key, path in files))
+            await asyncio.gather(*(store.put_file(key, open_path(path)) for key, path in files))
         else:
-            await asyncio.gather(
-                *(store.get_file(key, job.target / key, *expected[key]) for key, _ in files)
-            )
+            await asyncio.gather(*(_download(store, key, job.target, expected) for key, _ in files))
         elapsed, cpu_used = time.perf_counter() - started, time.process_time() - cpu
     return {
         "seconds": elapsed,

@@ -44,6 +44,9 @@ EXIT_OK = 0
 EXIT_UNCOMMITTED = 1
 EXIT_NO_ACCESS = 3
 EXIT_RESTORE_FAILED = 4
+# The sidecar's own records (accepted checkpoints, what was restored) go beside the shim
+# copy: the shim volume is mounted read-only in the trainer, so the trainer cannot forge them.
+STATE_SUBDIR = "agent"
 
 # Training processes remembered at once (``hello``); gone ones make room for new ones.
 MAX_CLIENTS = 256
@@ -101,6 +104,8 @@ class Agent:
         self._grace_warned: float | None = None
         self.presence = Presence(config.pids_dir, config.trainer_start_timeout)
         self.server: ProtocolServer | None = None
+        self.state_dir = shim_target.parent / STATE_SUBDIR if shim_target is not None else None
+        self.staged_jobs = staging.StagingArea(config.local_dir, self.state_dir)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -134,8 +139,7 @@ class Agent:
             if self.shim_target is not None:
                 count = shimcopy.install(self.shim_target)
                 log.info("shim copied to %s (%d files)", self.shim_target, count)
-            staging.make_shared_dir(cfg.checkpoints_dir)
-            staging.make_shared_dir(cfg.staging_dir)
+            self.staged_jobs.prepare()
             cfg.pids_dir.parent.mkdir(parents=True, exist_ok=True)
             if cfg.verify_access:
                 try:
@@ -152,7 +156,8 @@ class Agent:
                 self.state.phase = "stopped"
                 return EXIT_OK
         else:
-            self.restored = RestoreResult.load(cfg.local_dir) or RestoreResult()
+            self.staged_jobs.prepare()
+            self.restored = RestoreResult.load(self.state_dir) or RestoreResult()
             self._record_restore()
         return await self._serve(store)
 
@@ -169,7 +174,7 @@ class Agent:
             log.info("jitckpt.io/resume is false: not restoring")
         else:
             self.restored = await restore(store, self.config.checkpoints_dir)
-        self.restored.save(self.config.local_dir)
+        self.restored.save(self.state_dir)
         self._record_restore()
         self.metrics.restore_seconds.set(self.restored.seconds)
         self.metrics.torn_skipped.inc(len(self.restored.skipped))
@@ -194,9 +199,14 @@ class Agent:
         from sidecar.uploader import Uploader
 
         cfg = self.config
-        self.uploader = Uploader(store, cfg, self.metrics, self._on_commit, self._on_error)
+        self.uploader = Uploader(
+            store, cfg, self.metrics, self._on_commit, self._on_error, on_drop=self._on_drop
+        )
         self.state.queue_view = self.uploader.snapshot
-        for job in staging.recover(cfg.staging_dir):
+        jobs, dropped = await asyncio.to_thread(self.staged_jobs.recover)
+        for reason in dropped:
+            self.state.last_error = reason
+        for job in jobs:
             log.info("re-queueing checkpoint-%d (%s) left by a previous run", job.step, job.kind)
             await self.uploader.submit(job)
         server = ProtocolServer(cfg.socket_path, Limits(idle_seconds=cfg.socket_idle_seconds))
@@ -294,7 +304,7 @@ class Agent:
             uri,
         )
         termination.write(self.termination_log, termination.message(self.state, []))
-        await asyncio.to_thread(staging.release, self.config.staging_dir, job)
+        await asyncio.to_thread(self.staged_jobs.release, job)
         text = f"checkpoint-{job.step} ({job.kind}, {result.size} bytes) committed to {uri}"
         self._spawn(self.events.post(events.UPLOADED, text))
         if job.kind == protocol.KIND_JIT:
@@ -304,6 +314,11 @@ class Agent:
 
     def _on_error(self, text: str) -> None:
         self.state.last_error = text
+
+    async def _on_drop(self, job: staging.StagedJob, text: str) -> None:
+        """A job that can never be uploaded as accepted: its links go, the error stays."""
+        self.state.last_error = text
+        await asyncio.to_thread(self.staged_jobs.release, job)
 
     async def _apply_retention(self, store: Store) -> None:
         protect = {self.restored.step} if self.restored.step is not None else set()
@@ -362,15 +377,13 @@ class Agent:
 
     async def staged(self, peer: Peer, request: protocol.Staged) -> protocol.Answer:
         try:
-            job = await asyncio.to_thread(
-                staging.accept, self.config.staging_dir, request, time.time()
-            )
+            job = await asyncio.to_thread(self.staged_jobs.accept, request, time.time())
         except staging.StagingError as exc:
             log.error("refused a staged checkpoint: %s", exc)
             return protocol.ErrorAnswer.of(str(exc))
         if job.kind == protocol.KIND_JIT:
             self.grace.saved()
-        size = sum((job.path / f).stat().st_size for f in job.files)
+        size = job.size
         if job.kind != protocol.KIND_FINAL:  # the model alone says nothing of a checkpoint's size
             self.grace.last_checkpoint_bytes = size
             self._check_grace()

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from sidecar import manifest as mf
+from sidecar.safefs import OpenedFile
 from sidecar.storage.base import PartGate, Store
 
 # Files open at once: parts and ranges are bounded by the store, this bounds descriptors
@@ -37,28 +38,18 @@ async def commit_node(
     *,
     step: int,
     kind: str,
-    source: Path,
-    files: list[str],
+    files: list[OpenedFile],
     node_rank: int,
     nnodes: int,
     pod: str = "",
     job: str = "",
     gate: PartGate | None = None,
 ) -> CommitResult:
-    """Upload ``files`` (relative to ``source``) under ``checkpoint-<step>/`` and commit."""
+    """Upload ``files`` under ``checkpoint-<step>/`` and commit."""
     started = time.monotonic()
-    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
-
-    async def one(relative: str) -> tuple[mf.FileEntry, int]:
-        path = source / relative
-        async with slots:
-            result = await store.put_file(mf.file_key(step, relative), path, gate=gate)
-        entry = mf.FileEntry(
-            path=relative, size=result.size, crc32c=result.crc32c, parts=result.parts
-        )
-        return entry, result.retries
-
-    done = await asyncio.gather(*(one(f) for f in sorted(files)))
+    entries, retries = await upload_files(
+        store, files, lambda relative: mf.file_key(step, relative), gate
+    )
     manifest = mf.Manifest(
         step=step,
         kind=kind,
@@ -66,11 +57,31 @@ async def commit_node(
         nnodes=nnodes,
         pod=pod,
         job=job,
-        files=[entry for entry, _ in done],
+        files=entries,
     )
     await store.put_bytes(mf.manifest_key(step, node_rank), mf.encode(manifest))
-    return CommitResult(
-        manifest=manifest,
-        seconds=time.monotonic() - started,
-        retries=sum(retries for _, retries in done),
-    )
+    return CommitResult(manifest=manifest, seconds=time.monotonic() - started, retries=retries)
+
+
+async def upload_files(
+    store: Store,
+    files: list[OpenedFile],
+    key_of: Callable[[str], str],
+    gate: PartGate | None = None,
+) -> tuple[list[mf.FileEntry], int]:
+    """Upload ``files`` (opened once at acceptance and read only through their descriptors;
+    named by their path in the checkpoint, which ``manifest.check_path`` accepted) to
+    ``key_of(name)``: their manifest entries, sorted, and the retries it took. Checkpoints
+    and the final model both upload through it."""
+    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
+
+    async def one(source: OpenedFile) -> tuple[mf.FileEntry, int]:
+        async with slots:
+            result = await store.put_file(key_of(source.name), source, gate=gate)
+        entry = mf.FileEntry(
+            path=source.name, size=result.size, crc32c=result.crc32c, parts=result.parts
+        )
+        return entry, result.retries
+
+    done = await asyncio.gather(*(one(f) for f in sorted(files, key=lambda f: f.name)))
+    return [entry for entry, _ in done], sum(retries for _, retries in done)

@@ -3,42 +3,119 @@
 A manifest is the node's commit record: it exists only after every file it
 lists has been uploaded, and it carries each file's size and CRC32C so a
 restore can verify the bytes whatever the store keeps.
+
+The store is not trusted (DESIGN 7): anyone who can write the bucket can
+plant a manifest. ``decode`` is the one place a manifest is read, and it
+validates everything before any other code sees it: relative, normalized
+paths only (so a restore cannot write outside its target, nor a file land in
+``.jitckpt/``), no duplicates, bounded counts, sizes, steps and node numbers,
+real integers (a JSON ``true`` is not 1). ``check_path`` is the same path
+rule for names the trainer stages, so whatever is uploaded can be restored.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shim import layout
+from shim import layout, protocol
 
-MANIFEST_VERSION = 1
-_NODE_FILE = re.compile(r"node-(\d+)\.json$")
+MANIFEST_VERSION: Literal[1] = 1
+# A manifest is read with a ranged request of at most this many bytes; a larger one is torn.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_NODES = layout.MAX_NNODES  # node-0..node-(nnodes-1) are the only manifests read
+MAX_FILES = protocol.MAX_FILES  # files of one node: what one staged request may carry
+MAX_STEP = protocol.MAX_STEP
+MAX_FILE_SIZE = 5 * 1024**4  # S3's largest object
+MAX_PARTS = 10_000  # S3's most parts of a multipart upload
+MAX_PATH_BYTES = protocol.MAX_FILE_NAME
+MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
+MAX_DEPTH = 32  # path components
+MAX_TEXT = 253  # pod and job names (a DNS subdomain)
+_CRC32C = re.compile(r"[A-Za-z0-9+/]{6}==")  # base64 of 4 bytes
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+class PathError(ValueError):
+    """A file name that no checkpoint may carry; the text says which rule it breaks."""
+
+
+def check_path(path: str) -> str:
+    """``path`` if it is a relative, normalized ``/``-separated name outside ``.jitckpt/``."""
+    if not path:
+        raise PathError("empty path")
+    if _CONTROL.search(path):
+        raise PathError(f"{path!r} has a control character or a backslash")
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise PathError(f"{path[:64]!r}... is longer than {MAX_PATH_BYTES} bytes")
+    if path.startswith("/"):
+        raise PathError(f"{path!r} is absolute")
+    parts = path.split("/")
+    if len(parts) > MAX_DEPTH:
+        raise PathError(f"{path!r} is more than {MAX_DEPTH} levels deep")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise PathError(f"{path!r} is not normalized (empty, '.' or '..' component)")
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise PathError(f"{path!r} has a component longer than {MAX_NAME_BYTES} bytes")
+    if parts[0] == layout.MANIFEST_DIR:
+        raise PathError(f"{path!r} is under {layout.MANIFEST_DIR}/, which holds manifests only")
+    return path
 
 
 class FileEntry(BaseModel):
     """One uploaded file, relative to its checkpoint directory."""
 
+    model_config = ConfigDict(strict=True, frozen=True)
+
     path: str
-    size: int = Field(ge=0)
-    crc32c: str
-    parts: int = Field(default=1, ge=1)  # >1: the store's own checksum is a composite
+    size: int = Field(ge=0, le=MAX_FILE_SIZE)
+    crc32c: str = Field(pattern=_CRC32C.pattern)
+    parts: int = Field(default=1, ge=1, le=MAX_PARTS)  # >1: the store's checksum is composite
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return check_path(value)
 
 
 class Manifest(BaseModel):
     """What one node committed for one checkpoint."""
 
-    version: int = MANIFEST_VERSION
-    step: int = Field(ge=0)
+    model_config = ConfigDict(strict=True)
+
+    version: Literal[1] = MANIFEST_VERSION
+    step: int = Field(ge=0, le=MAX_STEP)
     kind: str
-    node_rank: int = Field(ge=0)
-    nnodes: int = Field(ge=1)
-    pod: str = ""
-    job: str = ""
-    time: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-    files: list[FileEntry]
+    node_rank: int = Field(ge=0, lt=MAX_NODES)
+    nnodes: int = Field(ge=1, le=MAX_NODES)
+    pod: str = Field(default="", max_length=MAX_TEXT)
+    job: str = Field(default="", max_length=MAX_TEXT)
+    time: str = Field(
+        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
+    )
+    files: list[FileEntry] = Field(max_length=MAX_FILES)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value not in protocol.KINDS:
+            raise ValueError(f"kind must be one of {', '.join(protocol.KINDS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} is not below nnodes {self.nnodes}")
+        seen: set[str] = set()
+        for entry in self.files:
+            if entry.path in seen:
+                raise ValueError(f"{entry.path!r} is listed twice")
+            seen.add(entry.path)
+        return self
 
     @property
     def size(self) -> int:
@@ -50,17 +127,15 @@ def checkpoint_dir(step: int) -> str:
 
 
 def manifest_key(step: int, node_rank: int) -> str:
-    return f"{checkpoint_dir(step)}/{layout.MANIFEST_DIR}/node-{node_rank}.json"
+    return f"{checkpoint_dir(step)}/{layout.MANIFEST_DIR}/{manifest_name(node_rank)}"
+
+
+def manifest_name(node_rank: int) -> str:
+    return f"node-{node_rank}.json"
 
 
 def file_key(step: int, path: str) -> str:
     return f"{checkpoint_dir(step)}/{path}"
-
-
-def node_of(name: str) -> int | None:
-    """The node rank of a ``node-<k>.json`` file name, else None."""
-    match = _NODE_FILE.match(name)
-    return int(match.group(1)) if match else None
 
 
 def encode(manifest: Manifest) -> bytes:
@@ -68,4 +143,10 @@ def encode(manifest: Manifest) -> bytes:
 
 
 def decode(data: bytes) -> Manifest:
+    """Parse and validate; raises ValueError (pydantic's ValidationError is one) on
+    anything the rules above refuse, with a one-line reason first."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ValueError(
+            f"{len(data)} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may have"
+        )
     return Manifest.model_validate_json(data)

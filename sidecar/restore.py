@@ -7,6 +7,16 @@ next older one is tried. A store that cannot be read at all is an error, not
 "no checkpoint": starting fresh would silently throw the job's progress away.
 The download is the union of every node's files, so each node's trainer
 finds what it needs (its own RNG states, the shared model and optimizer).
+
+``checkpoints/`` is in the volume the trainer writes (DESIGN 7, "Trust"), and
+a restarted sidecar restores while the trainer runs. So nothing there is
+reached by name: ``checkpoints`` itself is opened without following a symlink
+(one planted in its place is removed), the download goes into a fresh
+directory of an unpredictable name made by the sidecar, every directory and
+file in it is created relative to a directory descriptor with ``O_EXCL`` and
+``O_NOFOLLOW``, and only then is it renamed into place. Paths come from
+manifests that ``manifest.decode`` validated: relative and normalized, so
+nothing is written outside the target.
 """
 
 from __future__ import annotations
@@ -15,20 +25,25 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sidecar import checksum
+import google_crc32c
+
+from sidecar import checksum, safefs
 from sidecar import manifest as mf
 from sidecar.commit import FILES_IN_FLIGHT
-from sidecar.staging import SHARED_DIR_MODE, make_shared_dir
+from sidecar.staging import SHARED_DIR_MODE, shared_dir
 from sidecar.storage.base import Store, VerificationError
 from sidecar.validity import CheckpointState, scan
 
-RECORD_NAME = ".restored.json"  # in $JITCKPT_DIR: what was restored, for the run phase
+RECORD_NAME = "restored.json"  # in the state directory: what was restored, for the run phase
 FILE_MODE = 0o644
+PARTIAL_PREFIX = ".restore-"
+PRIVATE_DIR_MODE = 0o700  # while downloading; shared (0777) once complete
+RENAME_TRIES = 3
 
 log = logging.getLogger(__name__)
 
@@ -54,74 +69,173 @@ class RestoreResult:
             return None
         return {"step": self.step, "path": self.path}
 
-    def save(self, local_dir: Path) -> None:
-        target = local_dir / RECORD_NAME
+    def save(self, state_dir: Path | None) -> None:
+        """For the legacy run phase, in the sidecar's own state directory (the trainer can
+        write ``$JITCKPT_DIR``, and would choose what it is told was restored)."""
+        if state_dir is None:
+            return
+        target = state_dir / RECORD_NAME
         tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, target)
+        try:
+            tmp.write_text(json.dumps(asdict(self)))
+            os.replace(tmp, target)
+        except OSError as exc:
+            log.warning("cannot record what was restored in %s: %s", state_dir, exc)
 
     @classmethod
-    def load(cls, local_dir: Path) -> RestoreResult | None:
+    def load(cls, state_dir: Path | None) -> RestoreResult | None:
+        if state_dir is None:
+            return None
         try:
-            raw = json.loads((local_dir / RECORD_NAME).read_text())
+            raw = json.loads((state_dir / RECORD_NAME).read_text())
         except FileNotFoundError:
             return None
         raw["skipped"] = [Skipped(**s) for s in raw.get("skipped", [])]
         return cls(**raw)
 
 
-def _matches(path: Path, entry: mf.FileEntry) -> bool:
+def _matches(directory: int, files: dict[str, mf.FileEntry]) -> bool:
+    """Whether ``directory`` holds every file with its manifest's size and CRC32C, read
+    through descriptors (what the trainer left there may be anything)."""
+    device = os.fstat(directory).st_dev
+    for path, entry in files.items():
+        try:
+            opened = safefs.open_regular(directory, path, device)
+        except OSError:
+            return False
+        try:
+            if opened.size != entry.size:
+                return False
+            crc = 0
+            for chunk in opened.chunks(checksum.CHUNK):
+                crc = google_crc32c.extend(crc, chunk)
+            if checksum.encode(crc) != entry.crc32c:
+                return False
+        except OSError:
+            return False
+        finally:
+            opened.close()
+    return True
+
+
+def _already_here(checkpoints: int, name: str, files: dict[str, mf.FileEntry]) -> bool:
     try:
-        return path.stat().st_size == entry.size and checksum.of_file(path) == entry.crc32c
-    except FileNotFoundError:
+        directory = safefs.open_dir(checkpoints, name)
+    except OSError:
         return False
+    try:
+        return _matches(directory, files)
+    finally:
+        os.close(directory)
 
 
-def _share_tree(root: Path) -> None:
-    """Dirs the trainer (another uid) may rotate away; files it must read."""
-    for here, _dirs, files in os.walk(root):
-        os.chmod(here, SHARED_DIR_MODE)
-        for name in files:
-            os.chmod(Path(here) / name, FILE_MODE)
+def _create(root: int, relative: str) -> int:
+    """A new file at ``relative`` below ``root``, its directories made on the way; every
+    step relative to a descriptor, without following a symlink, never reusing a file."""
+    *dirs, name = safefs.components(relative)
+    parent = os.dup(root)
+    try:
+        for part in dirs:
+            child = safefs.ensure_dir(parent, part, PRIVATE_DIR_MODE)
+            os.close(parent)
+            parent = child
+        return safefs.create_file(parent, name, FILE_MODE)
+    finally:
+        os.close(parent)
+
+
+def _share_dirs(root: int, files: dict[str, mf.FileEntry]) -> None:
+    """Make every directory of the download 0777: the trainer (another uid) may rotate
+    checkpoints away. Files were made 0644 when created."""
+    os.fchmod(root, SHARED_DIR_MODE)
+    parents = {"/".join(p.split("/")[: i + 1]) for p in files for i in range(p.count("/"))}
+    for relative in sorted(parents):
+        fd = safefs.open_dirs(root, relative)
+        try:
+            os.fchmod(fd, SHARED_DIR_MODE)
+        finally:
+            os.close(fd)
+
+
+def _fresh_dir(checkpoints: int, name: str) -> tuple[str, int]:
+    """A new private directory for the download, named so the trainer cannot guess it."""
+    while True:
+        partial = f"{PARTIAL_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.mkdir(partial, PRIVATE_DIR_MODE, dir_fd=checkpoints)
+        except FileExistsError:
+            continue
+        return partial, safefs.open_dir(checkpoints, partial)
+
+
+def _put_in_place(checkpoints: int, partial: str, name: str) -> None:
+    """Replace whatever is at ``name`` (an older copy, a symlink the trainer planted:
+    removed, never followed) with the finished download."""
+    for attempt in range(1, RENAME_TRIES + 1):
+        safefs.remove(checkpoints, name)
+        try:
+            os.rename(partial, name, src_dir_fd=checkpoints, dst_dir_fd=checkpoints)
+            return
+        except OSError:
+            if attempt == RENAME_TRIES:
+                raise  # something keeps re-creating it
+
+
+def _clear_partials(checkpoints: int) -> None:
+    """Downloads a killed sidecar left behind (or names the trainer planted)."""
+    with os.scandir(checkpoints) as entries:
+        names = [e.name for e in entries if e.name.startswith(PARTIAL_PREFIX)]
+    for name in names:
+        safefs.remove(checkpoints, name)
 
 
 async def download(store: Store, state: CheckpointState, checkpoints_dir: Path) -> Path:
     """Fetch every node's files of ``state`` into ``checkpoint-<step>/``, verified."""
-    target = checkpoints_dir / mf.checkpoint_dir(state.step)
+    name = mf.checkpoint_dir(state.step)
     files = state.files()
-    if target.is_dir():
-        checks = await asyncio.gather(
-            *(asyncio.to_thread(_matches, target / p, e) for p, e in files.items())
-        )
-        if all(checks):
+    checkpoints_dir.parent.mkdir(parents=True, exist_ok=True)  # the volume's mount point
+    root = safefs.open_root(checkpoints_dir.parent)
+    try:
+        checkpoints = shared_dir(root, checkpoints_dir.name)
+    finally:
+        os.close(root)
+    try:
+        if await asyncio.to_thread(_already_here, checkpoints, name, files):
             log.info("checkpoint-%d is already here and matches its manifests", state.step)
-            return target
-    partial = checkpoints_dir / f".restore-{mf.checkpoint_dir(state.step)}"
-    shutil.rmtree(partial, ignore_errors=True)
-    make_shared_dir(partial)
+            return checkpoints_dir / name
+        await asyncio.to_thread(_clear_partials, checkpoints)
+        partial, target = _fresh_dir(checkpoints, name)
+        try:
+            await _fetch_all(store, state.step, files, target)
+            await asyncio.to_thread(_share_dirs, target, files)
+        except BaseException:
+            safefs.remove(checkpoints, partial)
+            raise
+        finally:
+            os.close(target)
+        await asyncio.to_thread(_put_in_place, checkpoints, partial, name)
+    finally:
+        os.close(checkpoints)
+    return checkpoints_dir / name
+
+
+async def _fetch_all(store: Store, step: int, files: dict[str, mf.FileEntry], target: int) -> None:
     slots = asyncio.Semaphore(FILES_IN_FLIGHT)
 
     async def fetch(relative: str, entry: mf.FileEntry) -> None:
         async with slots:
-            key = mf.file_key(state.step, relative)
-            await store.get_file(key, partial / relative, entry.size, entry.crc32c)
+            fd = await asyncio.to_thread(_create, target, relative)
+            try:
+                await store.get_file(mf.file_key(step, relative), fd, entry.size, entry.crc32c)
+            finally:
+                os.close(fd)
 
-    try:
-        await asyncio.gather(*(fetch(p, e) for p, e in files.items()))
-        await asyncio.to_thread(_share_tree, partial)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return target
+    await asyncio.gather(*(fetch(p, e) for p, e in files.items()))
 
 
 async def restore(store: Store, checkpoints_dir: Path) -> RestoreResult:
     """Find and download the newest valid checkpoint."""
     started = time.monotonic()
-    make_shared_dir(checkpoints_dir)
     result = RestoreResult()
     async for state in scan(store):
         if not state.valid:

@@ -1,11 +1,21 @@
-"""Staged checkpoints the sidecar owns: job records, recovery after a restart, file modes.
+"""Staged checkpoints the sidecar owns: acceptance, its own records, recovery after a restart.
 
 The shim hard-links a checkpoint into ``staging/<id>/`` and sends ``staged``.
-Before answering, the sidecar writes ``staging/<id>.job.json`` (atomically):
-from then on it owns the directory, and a sidecar that is killed and started
-again re-queues every directory that still has a record. Directories without
-a record were never acknowledged and are left alone (the shim may still be
-linking into them).
+The trainer can change anything in that volume at any time (DESIGN 7,
+"Trust"), so acceptance opens every file once through ``safefs`` (no
+symlink followed on the way, a regular file on the staging volume) and the
+job keeps the descriptors: the upload reads those and nothing else, so a
+name swapped for a symlink after the answer changes nothing. File names go
+through ``manifest.check_path``: none leaves the directory, none lands in
+``.jitckpt/`` where it could pass for another node's manifest.
+
+The sidecar's records of what it accepted live where the trainer cannot
+write: in memory, and in the state directory (on the shim volume, which the
+trainer mounts read-only), so a sidecar killed and started again still
+uploads what it acknowledged. Recovery opens each recorded job the same safe
+way and takes it only if every file is still the inode it accepted (device,
+inode, size); anything else is dropped with an error, never retried.
+Directories without a record were never acknowledged and are left alone.
 
 The trainer may run as another user. The sidecar only needs to read the
 files and to unlink entries in the directories, so the shim makes staging
@@ -19,16 +29,24 @@ import contextlib
 import json
 import logging
 import os
-import shutil
+import resource
 import stat
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+import threading
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
-from shim import protocol
+from shim import layout, protocol
+from sidecar import manifest as mf
+from sidecar import safefs
+from sidecar.safefs import OpenedFile
 
 RECORD_SUFFIX = ".job.json"
+RECORDS_SUBDIR = "staged"  # in the state directory
 SHARED_DIR_MODE = 0o777  # dirs both the trainer and the sidecar create entries in
+MAX_JOBS = 256  # staged checkpoints owned at once; each keeps its files open
+# Descriptors kept free of staged files: sockets (connections and leases), the store's
+# connection pool, restore and the status server.
+FD_RESERVE = 1024
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +57,12 @@ class StagingError(ValueError):
 
 @dataclass
 class StagedJob:
-    """One node's checkpoint waiting to be uploaded."""
+    """One node's checkpoint waiting to be uploaded: its files, opened at acceptance."""
 
     id: str
     step: int
     kind: str
-    dir: str
-    files: list[str]
+    files: list[OpenedFile]
     staged_at: float  # wall clock, seconds since the epoch
 
     @property
@@ -53,19 +70,25 @@ class StagedJob:
         return self.kind in (protocol.KIND_JIT, protocol.KIND_FINAL)
 
     @property
-    def path(self) -> Path:
-        return Path(self.dir)
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
 
+    def close(self) -> None:
+        for opened in self.files:
+            opened.close()
 
-def make_shared_dir(path: Path) -> None:
-    """Create ``path`` (and parents) writable by the trainer's and the sidecar's users."""
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        os.chmod(path, SHARED_DIR_MODE)
-    except PermissionError:
-        # Made by another user (a trainer that started first): fine if it is shared already.
-        if stat.S_IMODE(path.stat().st_mode) & SHARED_DIR_MODE != SHARED_DIR_MODE:
-            log.warning("%s belongs to another user and is not mode 0777", path)
+    def record(self) -> dict[str, object]:
+        """What recovery needs to find these very files again."""
+        return {
+            "id": self.id,
+            "step": self.step,
+            "kind": self.kind,
+            "staged_at": self.staged_at,
+            "files": [
+                {"path": f.name, "size": f.size, "device": f.device, "inode": f.inode}
+                for f in self.files
+            ],
+        }
 
 
 def _allowed(info: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
@@ -81,14 +104,15 @@ def _allowed(info: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
 
 
 def access_problems(directory: Path, uid: int, gids: set[int]) -> list[str]:
-    """What a process of ``uid``/``gids`` could not do: read every file, remove every entry."""
+    """What a process of ``uid``/``gids`` could not do: read every file, remove every entry.
+    Modes only (``lstat``), for messages: it follows no symlink and opens nothing."""
     problems: list[str] = []
     for here, _dirs, files in os.walk(directory):
         here_path = Path(here)
-        if not _allowed(here_path.stat(), uid, gids, 7):
+        if not _allowed(here_path.lstat(), uid, gids, 7):
             problems.append(f"{here_path} is not writable by uid {uid}: cannot remove its entries")
         for name in files:
-            info = (here_path / name).stat()
+            info = (here_path / name).lstat()
             if not stat.S_ISREG(info.st_mode):
                 problems.append(f"{here_path / name} is not a regular file")
             elif not _allowed(info, uid, gids, 4):
@@ -96,85 +120,283 @@ def access_problems(directory: Path, uid: int, gids: set[int]) -> list[str]:
     return problems
 
 
-def accept(staging_root: Path, request: protocol.Staged, now: float) -> StagedJob:
-    """Take ownership of a ``staged`` request's files (the record) before answering.
-
-    The request's types, ranges and sizes were checked where it entered
-    (``protocol.decode_request``); what is checked here is the file system.
-    """
-    step, kind, raw_dir = request.step, request.kind, Path(request.dir)
-    root = staging_root.resolve()
-    directory = (root / raw_dir).resolve()
-    if directory.parent != root:
-        raise StagingError(f"{raw_dir} is not a directory directly under {staging_root}")
-    if not directory.is_dir():
-        raise StagingError(f"{directory} does not exist")
-    files: Iterable[str] = request.files
-    if not files:
-        files = sorted(
-            p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()
-        )
-    clean: list[str] = []
-    for name in files:
-        target = (directory / str(name)).resolve()
-        if not target.is_relative_to(directory) or target == directory:
-            raise StagingError(f"file {name!r} is outside {directory}")
-        if not target.is_file():
-            raise StagingError(f"file {name!r} is missing from {directory}")
-        clean.append(target.relative_to(directory).as_posix())
-    unreadable = [
-        p for p in access_problems(directory, os.geteuid(), set(os.getgroups())) if "readable" in p
-    ]
-    if unreadable:
-        raise StagingError("; ".join(unreadable))
-    job = StagedJob(
-        id=directory.name, step=step, kind=kind, dir=str(directory), files=clean, staged_at=now
-    )
-    write_record(root, job)
-    return job
+def shared_dir(parent: int, name: str) -> int:
+    """The real directory ``name`` in ``parent`` (made if missing; a symlink or file in its
+    place is removed, never followed), mode 0777 for the trainer's user; opened."""
+    fd = safefs.ensure_dir(parent, name, SHARED_DIR_MODE)
+    try:
+        os.fchmod(fd, SHARED_DIR_MODE)
+    except PermissionError:
+        # Made by another user (a trainer that started first): fine if it is shared already.
+        if stat.S_IMODE(os.fstat(fd).st_mode) & SHARED_DIR_MODE != SHARED_DIR_MODE:
+            log.warning("%s belongs to another user and is not mode 0777", name)
+    return fd
 
 
-def record_path(staging_root: Path, job_id: str) -> Path:
-    return staging_root / f"{job_id}{RECORD_SUFFIX}"
+def _file_budget() -> int:
+    """Staged files the sidecar may hold open: its descriptor limit (raised to the hard
+    limit) less a reserve for everything else."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft - min(FD_RESERVE, soft // 2)
 
 
-def write_record(staging_root: Path, job: StagedJob) -> None:
-    target = record_path(staging_root, job.id)
-    tmp = target.with_name(f".{target.name}.tmp")
-    with tmp.open("w") as handle:
-        json.dump(asdict(job), handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
+class StagingArea:
+    """``$JITCKPT_DIR/staging`` and the jobs the sidecar owns from it."""
 
+    def __init__(self, local_dir: Path, state_dir: Path | None) -> None:
+        self.local_dir = local_dir  # the volume's mount point: the one path used by name
+        self.dir = local_dir / layout.STAGING_SUBDIR
+        self._records = state_dir / RECORDS_SUBDIR if state_dir is not None else None
+        self._owned: dict[str, StagedJob] = {}  # accept and release run in worker threads
+        self._lock = threading.Lock()
+        self._budget = _file_budget()
 
-def release(staging_root: Path, job: StagedJob) -> None:
-    """The upload is committed: remove the links, then the record."""
-    shutil.rmtree(job.path, ignore_errors=True)
-    if job.path.exists():
-        log.warning(
-            "could not remove %s: %s",
-            job.path,
-            access_problems(job.path, os.geteuid(), set(os.getgroups())),
-        )
-    with contextlib.suppress(FileNotFoundError):
-        record_path(staging_root, job.id).unlink()
+    @property
+    def files_held(self) -> int:
+        with self._lock:
+            return sum(len(job.files) for job in self._owned.values())
 
-
-def recover(staging_root: Path) -> list[StagedJob]:
-    """Jobs a previous run of the sidecar accepted but did not finish."""
-    jobs: list[StagedJob] = []
-    if not staging_root.is_dir():
-        return jobs
-    for record in sorted(staging_root.glob(f"*{RECORD_SUFFIX}")):
+    def prepare(self) -> None:
+        """The shared directories (``checkpoints/``, ``staging/``) and the record directory."""
+        self.local_dir.mkdir(parents=True, exist_ok=True)  # a mount point in a pod
+        root = safefs.open_root(self.local_dir)
         try:
-            job = StagedJob(**json.loads(record.read_text()))
-        except (ValueError, TypeError) as exc:
-            log.warning("ignoring unreadable staging record %s: %s", record, exc)
-            continue
-        if not job.path.is_dir():
-            log.warning("staging record %s has no directory left; dropping it", record)
-            record.unlink()
-            continue
-        jobs.append(job)
-    return jobs
+            for name in (layout.CHECKPOINTS_SUBDIR, layout.STAGING_SUBDIR):
+                os.close(shared_dir(root, name))
+        finally:
+            os.close(root)
+        if self._records is not None:
+            try:
+                self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                log.warning(
+                    "no state directory (%s): accepted checkpoints are remembered in memory "
+                    "only, and a restarted sidecar will not upload what it had not yet",
+                    exc,
+                )
+                self._records = None
+
+    def _open_staging(self) -> int:
+        root = safefs.open_root(self.local_dir)
+        try:
+            return safefs.open_dir(root, layout.STAGING_SUBDIR)
+        except OSError as exc:
+            raise StagingError(f"{self.dir} cannot be used: {exc.strerror or exc}") from None
+        finally:
+            os.close(root)
+
+    def _job_id(self, raw: str) -> str:
+        """The staged directory's name: ``raw`` names one directly in ``staging/``."""
+        path = PurePosixPath(raw)
+        if path.is_absolute() and str(path.parent) != str(self.dir):
+            raise StagingError(f"{raw} is not a directory directly under {self.dir}")
+        name = path.name if path.is_absolute() else raw
+        if name in ("", ".", "..") or "/" in name or "\0" in name or len(name) > 255:
+            raise StagingError(f"{raw} is not a directory directly under {self.dir}")
+        return name
+
+    def accept(self, request: protocol.Staged, now: float) -> StagedJob:
+        """Open the request's files and record the job before answering (DESIGN 6: ``ok``
+        means the sidecar owns the files)."""
+        job_id = self._job_id(request.dir)
+        with self._lock:
+            if job_id in self._owned:
+                raise StagingError(f"{job_id} is staged already and not yet uploaded")
+            if len(self._owned) >= MAX_JOBS:
+                raise StagingError(f"{MAX_JOBS} staged checkpoints are waiting to be uploaded")
+            self._owned[job_id] = StagedJob(job_id, request.step, request.kind, [], now)
+        try:
+            return self._take(job_id, request, now)
+        except BaseException:
+            with self._lock:
+                self._owned.pop(job_id, None)
+            raise
+
+    def _take(self, job_id: str, request: protocol.Staged, now: float) -> StagedJob:
+        names = list(request.files)
+        for name in names:
+            try:
+                mf.check_path(name)
+            except mf.PathError as exc:
+                raise StagingError(f"file {exc}") from None
+        if len(set(names)) != len(names):
+            raise StagingError("a file is listed twice")
+        files = self._open_files(job_id, names)
+        job = StagedJob(id=job_id, step=request.step, kind=request.kind, files=files, staged_at=now)
+        try:
+            self._write_record(job)
+        except OSError as exc:
+            job.close()
+            raise StagingError(f"cannot record the staged checkpoint: {exc}") from None
+        with self._lock:
+            self._owned[job_id] = job
+        return job
+
+    def _open_files(self, job_id: str, names: list[str]) -> list[OpenedFile]:
+        staging = self._open_staging()
+        try:
+            device = os.fstat(staging).st_dev
+            try:
+                directory = safefs.open_dir(staging, job_id)
+            except FileNotFoundError:
+                raise StagingError(f"{self.dir / job_id} does not exist") from None
+            except safefs.UnsafeError as exc:
+                raise StagingError(f"{self.dir / job_id}: {exc.strerror}") from None
+            try:
+                return self._open_in(directory, device, job_id, names)
+            finally:
+                os.close(directory)
+        finally:
+            os.close(staging)
+
+    def _open_in(
+        self, directory: int, device: int, job_id: str, names: list[str]
+    ) -> list[OpenedFile]:
+        if not names:
+            try:
+                names = safefs.walk_files(directory, mf.MAX_FILES, mf.MAX_DEPTH)
+                for name in names:
+                    mf.check_path(name)
+            except (OSError, mf.PathError) as exc:
+                raise StagingError(f"{job_id}: {_reason(exc)}") from None
+        if self.files_held + len(names) > self._budget:
+            raise StagingError(
+                f"{len(names)} more files would exceed the {self._budget} the sidecar may "
+                "hold open; wait for the uploads in flight"
+            )
+        opened: list[OpenedFile] = []
+        try:
+            for name in names:
+                try:
+                    opened.append(safefs.open_regular(directory, name, device))
+                except FileNotFoundError:
+                    raise StagingError(f"file {name!r} is missing from {job_id}") from None
+                except PermissionError:
+                    raise StagingError(
+                        f"file {name!r} in {job_id} is not readable by uid {os.geteuid()}"
+                    ) from None
+                except OSError as exc:
+                    raise StagingError(f"file {name!r} in {job_id}: {_reason(exc)}") from None
+        except BaseException:
+            for done in opened:
+                done.close()
+            raise
+        return opened
+
+    def _write_record(self, job: StagedJob) -> None:
+        if self._records is None:
+            return
+        target = self._records / f"{job.id}{RECORD_SUFFIX}"
+        tmp = target.with_name(f".{target.name}.tmp")
+        with tmp.open("w") as handle:
+            json.dump(job.record(), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+
+    def _forget(self, job_id: str) -> None:
+        with self._lock:
+            self._owned.pop(job_id, None)
+        if self._records is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (self._records / f"{job_id}{RECORD_SUFFIX}").unlink()
+
+    def release(self, job: StagedJob) -> None:
+        """The job is done (committed, or dropped): close its files, remove its links
+        (never through a symlink: only entries of ``staging/<id>`` go), then its record."""
+        job.close()
+        try:
+            staging = self._open_staging()
+            try:
+                safefs.remove(staging, job.id)
+            finally:
+                os.close(staging)
+        except (OSError, StagingError) as exc:
+            log.warning(
+                "could not remove %s: %s %s",
+                self.dir / job.id,
+                _reason(exc),
+                access_problems(self.dir / job.id, os.geteuid(), set(os.getgroups())),
+            )
+        self._forget(job.id)
+
+    def recover(self) -> tuple[list[StagedJob], list[str]]:
+        """Jobs a previous run of the sidecar accepted but did not finish, re-opened; and
+        a reason for each one that had to be dropped instead."""
+        jobs: list[StagedJob] = []
+        dropped: list[str] = []
+        if self._records is None or not self._records.is_dir():
+            return jobs, dropped
+        for path in sorted(self._records.glob(f"*{RECORD_SUFFIX}")):
+            try:
+                record = _Record.parse(json.loads(path.read_text()))
+                self._job_id(record.id)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable staging record %s: %s", path, exc)
+                path.unlink()
+                continue
+            try:
+                job = self._reopen(record)
+            except (OSError, StagingError) as exc:
+                reason = (
+                    f"checkpoint-{record.step} ({record.kind}) accepted before the sidecar "
+                    f"restarted was dropped: {_reason(exc)}"
+                )
+                log.error("%s", reason)
+                dropped.append(reason)
+                self.release(record.job([]))
+                continue
+            with self._lock:
+                self._owned[job.id] = job
+            jobs.append(job)
+        return jobs, dropped
+
+    def _reopen(self, record: _Record) -> StagedJob:
+        files = self._open_files(record.id, [f[0] for f in record.files])
+        for opened, (_, *expected) in zip(files, record.files, strict=True):
+            if [opened.device, opened.inode, opened.size] != expected:
+                for done in files:
+                    done.close()
+                raise StagingError(f"{opened.name} is no longer the file it accepted")
+        return record.job(files)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A job record as the state directory holds it (see ``StagedJob.record``)."""
+
+    id: str
+    step: int
+    kind: str
+    staged_at: float
+    files: list[tuple[str, int, int, int]]  # path, device, inode, size
+
+    @classmethod
+    def parse(cls, raw: dict[str, object]) -> _Record:
+        entries = raw["files"]
+        if not isinstance(entries, list):
+            raise TypeError("files is not a list")
+        return cls(
+            id=str(raw["id"]),
+            step=int(str(raw["step"])),
+            kind=str(raw["kind"]),
+            staged_at=float(str(raw["staged_at"])),
+            files=[
+                (str(e["path"]), int(e["device"]), int(e["inode"]), int(e["size"])) for e in entries
+            ],
+        )
+
+    def job(self, files: list[OpenedFile]) -> StagedJob:
+        return StagedJob(
+            id=self.id, step=self.step, kind=self.kind, files=files, staged_at=self.staged_at
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)

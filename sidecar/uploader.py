@@ -4,9 +4,12 @@ Two lanes share the store's connection slots. The urgent lane takes JIT and
 final checkpoints; the background lane takes periodic ones, newest first
 (LIFO: after a burst of saves the freshest state is safe soonest). While
 anything urgent is queued or uploading, the background lane waits before
-each part, so a JIT upload gets the whole bandwidth within a part's time.
-A failed upload keeps its staging directory and goes back in the queue after
-a backoff; nothing is dropped while its files exist.
+each part, so a JIT upload gets the whole bandwidth within a part's time,
+for at most ``MAX_PAUSE`` seconds: after that periodic uploads go on beside a
+stuck urgent one. A failed upload goes back in the queue after a backoff (its
+files are held open, so the store coming back is all it waits for); one whose
+staged files changed since they were accepted is dropped after a few tries,
+with an error in the status.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
+from sidecar.safefs import FileChanged, UnsafeError
 from sidecar.staging import StagedJob
 from sidecar.storage.base import PartGate, Store, StoreError
 
@@ -25,7 +29,14 @@ log = logging.getLogger(__name__)
 
 OnCommit = Callable[[StagedJob, CommitResult], Awaitable[None]]
 OnError = Callable[[str], None]
+OnDrop = Callable[[StagedJob, str], Awaitable[None]]
 RETRY_CAP = 30.0
+# A staged file that changed size since it was accepted cannot be uploaded as accepted: a few
+# more tries (the trainer may put it back), then the job is dropped, never retried forever.
+MAX_SOURCE_FAILURES = 3
+# Urgent uploads hold periodic ones back at most this long: a stuck JIT upload (a store that
+# keeps refusing it) must not stop every other checkpoint from being saved.
+MAX_PAUSE = 60.0
 
 
 class Uploader:
@@ -36,18 +47,25 @@ class Uploader:
         metrics: Metrics,
         on_commit: OnCommit,
         on_error: OnError | None = None,
+        *,
+        on_drop: OnDrop | None = None,
+        max_pause: float = MAX_PAUSE,
     ) -> None:
         self._store = store
         self._config = config
         self._metrics = metrics
         self._on_commit = on_commit
         self._on_error = on_error
+        self._on_drop = on_drop
+        self._max_pause = max_pause
         self._pending: dict[str, StagedJob] = {}
         self._active: dict[str, StagedJob] = {}
         self._failures: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self._urgent_clear = asyncio.Event()
         self._urgent_clear.set()
+        self._pause_timer: asyncio.TimerHandle | None = None
+        self._pause_over = False
         self.last_error: str | None = None
 
     # -- queue ---------------------------------------------------------------
@@ -60,11 +78,28 @@ class Uploader:
 
     def _update(self) -> None:
         urgent = any(j.urgent for j in [*self._pending.values(), *self._active.values()])
-        if urgent:
-            self._urgent_clear.clear()
-        else:
+        if not urgent:
+            if self._pause_timer is not None:
+                self._pause_timer.cancel()
+            self._pause_timer = None
+            self._pause_over = False
             self._urgent_clear.set()
+        elif not self._pause_over:
+            self._urgent_clear.clear()
+            if self._pause_timer is None:
+                loop = asyncio.get_running_loop()
+                self._pause_timer = loop.call_later(self._max_pause, self._end_pause)
         self._metrics.queue_length.set(len(self._pending) + len(self._active))
+
+    def _end_pause(self) -> None:
+        self._pause_timer = None
+        self._pause_over = True
+        self._urgent_clear.set()
+        log.warning(
+            "urgent uploads have held periodic ones back for %.0fs: periodic uploads go on "
+            "alongside them now",
+            self._max_pause,
+        )
 
     def _pick(self, urgent: bool) -> StagedJob | None:
         lane = [j for j in self._pending.values() if j.urgent == urgent]
@@ -108,19 +143,14 @@ class Uploader:
             requeue = False
             try:
                 await self._upload(job, gate=None if urgent else self._urgent_clear)
+            except (FileChanged, UnsafeError) as exc:
+                failures = self._failed(job, exc)
+                requeue = failures < MAX_SOURCE_FAILURES
+                if not requeue:
+                    await self._drop(job, f"dropped after {failures} attempts: {exc}")
             except (StoreError, OSError) as exc:
-                requeue = job.path.is_dir()
-                self._failures[job.id] = self._failures.get(job.id, 0) + 1
-                self.last_error = f"checkpoint-{job.step} ({job.kind}): {exc}"
-                if self._on_error is not None:
-                    self._on_error(self.last_error)
-                self._metrics.upload_failures.inc()
-                log.error(
-                    "upload of checkpoint-%d failed%s: %s",
-                    job.step,
-                    ", will retry" if requeue else " and its staging dir is gone",
-                    exc,
-                )
+                self._failed(job, exc)
+                requeue = True  # the store may come back; the job's files are held open
             if requeue:
                 await asyncio.sleep(min(RETRY_CAP, 2.0 ** self._failures[job.id]))
             async with self._changed:
@@ -130,6 +160,29 @@ class Uploader:
                 self._update()
                 self._changed.notify_all()
 
+    def _failed(self, job: StagedJob, exc: BaseException) -> int:
+        failures = self._failures.get(job.id, 0) + 1
+        self._failures[job.id] = failures
+        self._report(f"checkpoint-{job.step} ({job.kind}): {exc}")
+        self._metrics.upload_failures.inc()
+        log.error("upload of checkpoint-%d failed (attempt %d): %s", job.step, failures, exc)
+        return failures
+
+    def _report(self, text: str) -> None:
+        self.last_error = text
+        if self._on_error is not None:
+            self._on_error(text)
+
+    async def _drop(self, job: StagedJob, why: str) -> None:
+        self._failures.pop(job.id, None)
+        text = f"checkpoint-{job.step} ({job.kind}) {why}"
+        log.error("%s", text)
+        self._report(text)
+        if self._on_drop is not None:
+            await self._on_drop(job, text)
+        else:
+            job.close()
+
     async def _upload(self, job: StagedJob, gate: PartGate | None) -> None:
         cfg = self._config
         log.info("uploading checkpoint-%d (%s, %d files)", job.step, job.kind, len(job.files))
@@ -137,7 +190,6 @@ class Uploader:
             self._store,
             step=job.step,
             kind=job.kind,
-            source=job.path,
             files=job.files,
             node_rank=cfg.node_rank,
             nnodes=cfg.nnodes,

@@ -1,10 +1,14 @@
 """DESIGN 7's rule: which checkpoints in a store are valid, and why the others are torn.
 
 Valid means: manifests from all ``nnodes`` nodes are present and agree on
-``nnodes``; every file a manifest lists exists with the listed size, and with
-the listed CRC32C where the store keeps a whole-object checksum (S3 keeps one
-for single-part objects; a multipart object's is a composite and a directory
-keeps none, so there the CRC32C is checked by every download instead).
+``nnodes`` and the step (``nnodes`` as node 0's manifest says; only
+``node-0..node-(nnodes-1).json`` are ever read, each validated by
+``manifest.decode`` first, so an invalid one makes the checkpoint torn and an
+extra object under ``.jitckpt/`` changes nothing); every file a manifest lists
+exists with the listed size, and with the listed CRC32C where the store keeps
+a whole-object checksum (S3 keeps one for single-part objects; a multipart
+object's is a composite and a directory keeps none, so there the CRC32C is
+checked by every download instead).
 Files that several nodes upload under the same relative path must be the same
 bytes (same size and CRC32C); if they differ the checkpoint is torn, because
 the store holds only one of them.
@@ -25,6 +29,12 @@ from sidecar import manifest as mf
 from sidecar.storage.base import ObjectInfo, Store, StoreError
 
 HEAD_CONCURRENCY = 16
+# Bounds on one checkpoint as a whole (each manifest has its own, in manifest.py): what a
+# hostile store can make a scan read and hold, whatever nnodes says.
+MAX_CHECKPOINT_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_CHECKPOINT_FILES = 200_000
+MISSING_SHOWN = 8  # missing nodes named in a reason; the rest are counted
+REASON_CHARS = 300
 
 
 @dataclass
@@ -83,48 +93,82 @@ def group_by_step(objects: list[ObjectInfo]) -> dict[int, list[ObjectInfo]]:
 async def _load_manifests(
     store: Store, step: int, objects: list[ObjectInfo]
 ) -> tuple[list[mf.Manifest], str]:
-    prefix = f"{mf.checkpoint_dir(step)}/{layout.MANIFEST_DIR}/"
-    manifests: list[mf.Manifest] = []
-    for obj in sorted(objects, key=lambda o: o.key):
-        if not obj.key.startswith(prefix) or "/" in obj.key[len(prefix) :]:
-            continue
-        name = obj.key[len(prefix) :]
-        rank = mf.node_of(name)
-        if rank is None:
-            continue
+    """Node 0's manifest, then node 1..nnodes-1's (nnodes from node 0's): only those keys
+    are read, each at most ``MAX_MANIFEST_BYTES``, and each must agree on step and nnodes.
+    Any other object under ``.jitckpt/`` is ignored, never read."""
+    sizes = {o.key: o.size for o in objects}
+
+    async def load(rank: int) -> tuple[mf.Manifest | None, str]:
+        key = mf.manifest_key(step, rank)
+        name = mf.manifest_name(rank)
+        if sizes[key] > mf.MAX_MANIFEST_BYTES:
+            return None, (
+                f"manifest {name} is {sizes[key]} bytes, more than the "
+                f"{mf.MAX_MANIFEST_BYTES} a manifest may have"
+            )
         try:
-            loaded = mf.decode(await store.get_bytes(obj.key))
-        except (ValidationError, ValueError) as exc:
-            return [], f"manifest {name} is unreadable: {str(exc).splitlines()[0]}"
+            loaded = mf.decode(await store.get_bytes(key, mf.MAX_MANIFEST_BYTES))
+        except ValueError as exc:
+            return None, f"manifest {name} is invalid: {_first_line(exc)}"
         except StoreError as exc:
-            return [], f"manifest {name} could not be read: {exc}"
+            return None, f"manifest {name} could not be read: {_first_line(exc)}"
         if loaded.node_rank != rank or loaded.step != step:
-            return [], f"manifest {name} names node {loaded.node_rank}, step {loaded.step}"
+            return None, f"manifest {name} names node {loaded.node_rank}, step {loaded.step}"
+        return loaded, ""
+
+    if mf.manifest_key(step, 0) not in sizes:
+        if any(f"/{layout.MANIFEST_DIR}/" in key for key in sizes):
+            return [], "no manifest from node 0 (the node that says how many nodes commit)"
+        return [], "no manifest: no node committed it (upload interrupted?)"
+    first, problem = await load(0)
+    if first is None:
+        return [], problem
+    nnodes = first.nnodes
+    missing = [k for k in range(1, nnodes) if mf.manifest_key(step, k) not in sizes]
+    if missing:
+        shown = ", ".join(f"node-{k}" for k in missing[:MISSING_SHOWN])
+        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+        return [first], (
+            f"manifests from {nnodes - len(missing)} of {nnodes} nodes (missing {shown}{more})"
+        )
+    total = sum(sizes[mf.manifest_key(step, k)] for k in range(nnodes))
+    if total > MAX_CHECKPOINT_MANIFEST_BYTES:
+        return [first], (
+            f"the {nnodes} manifests are {total} bytes together, more than the "
+            f"{MAX_CHECKPOINT_MANIFEST_BYTES} a checkpoint may have"
+        )
+    manifests = [first]
+    entries = len(first.files)
+    for rank in range(1, nnodes):
+        loaded, problem = await load(rank)
+        if loaded is None:
+            return [], problem
+        if loaded.nnodes != nnodes:
+            return [], f"manifests disagree on the number of nodes: {nnodes}, {loaded.nnodes}"
+        entries += len(loaded.files)
+        if entries > MAX_CHECKPOINT_FILES:
+            return [], f"the manifests list more than {MAX_CHECKPOINT_FILES} files together"
         manifests.append(loaded)
     return manifests, ""
+
+
+def _first_line(exc: BaseException) -> str:
+    """A reason short enough for the status document and a log line."""
+    lines = str(exc).splitlines()
+    if isinstance(exc, ValidationError) and len(lines) > 2:
+        text = f"{lines[1].strip()}: {lines[2].strip()}"  # the field, then the rule it broke
+    else:
+        text = lines[0] if lines else type(exc).__name__
+    return text[:REASON_CHARS]
 
 
 async def judge(store: Store, step: int, objects: list[ObjectInfo]) -> CheckpointState:
     """Apply the validity rule to one checkpoint's objects."""
     manifests, problem = await _load_manifests(store, step, objects)
     state = CheckpointState(step=step, valid=False, reason="", objects=objects)
+    state.manifests = manifests
     if problem:
         state.reason = problem
-        return state
-    state.manifests = manifests
-    if not manifests:
-        state.reason = "no manifest: no node committed it (upload interrupted?)"
-        return state
-    counts = {m.nnodes for m in manifests}
-    if len(counts) > 1:
-        state.reason = f"manifests disagree on the number of nodes: {sorted(counts)}"
-        return state
-    nnodes = counts.pop()
-    present = {m.node_rank for m in manifests}
-    missing = [k for k in range(nnodes) if k not in present]
-    if missing:
-        names = ", ".join(f"node-{k}" for k in missing)
-        state.reason = f"manifests from {len(present)} of {nnodes} nodes (missing {names})"
         return state
     by_key = {o.key: o for o in objects}
     seen: dict[str, tuple[int, mf.FileEntry]] = {}

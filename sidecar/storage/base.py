@@ -9,7 +9,8 @@ from __future__ import annotations
 import abc
 import asyncio
 from dataclasses import dataclass
-from pathlib import Path
+
+from sidecar.safefs import OpenedFile
 
 # Set while an upload may send its next part; cleared, it pauses the upload at the next
 # part boundary (the uploader clears it for periodic uploads while a JIT one runs).
@@ -22,6 +23,10 @@ class StoreError(RuntimeError):
 
 class VerificationError(StoreError):
     """Downloaded bytes do not match the manifest (size or CRC32C)."""
+
+
+class ObjectTooLarge(StoreError):
+    """A small object (a manifest) is larger than its reader accepts; it was not read."""
 
 
 @dataclass(frozen=True)
@@ -66,23 +71,32 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def put_file(
-        self, key: str, path: Path, crc32c: str | None = None, gate: PartGate | None = None
+        self,
+        key: str,
+        source: OpenedFile,
+        crc32c: str | None = None,
+        gate: PartGate | None = None,
     ) -> PutResult:
-        """Upload a local file and return the CRC32C of what was sent, computed from the
-        bytes as they are read (no separate pass). A ``crc32c`` the caller already has is
-        checked against it: a mismatch means the file changed, a VerificationError."""
+        """Upload exactly ``source.size`` bytes read from ``source``'s descriptor (never
+        its name: the name may have been swapped since it was opened) and return the
+        CRC32C of what was sent, computed from the bytes as they are read. A file that
+        changed size raises safefs.FileChanged. A ``crc32c`` the caller already has is
+        checked against what was sent: a mismatch is a VerificationError."""
 
     @abc.abstractmethod
-    async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:
-        """Download to ``path``; raises VerificationError unless size and CRC32C match."""
+    async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
+        """Download into the open, empty file ``fd`` (the caller made it, without
+        following any symlink, and closes it); raises VerificationError unless size and
+        CRC32C match."""
 
     @abc.abstractmethod
     async def put_bytes(self, key: str, data: bytes) -> None:
         """A small object (manifests, probes), written whole."""
 
     @abc.abstractmethod
-    async def get_bytes(self, key: str) -> bytes:
-        """A small object, read whole."""
+    async def get_bytes(self, key: str, max_size: int) -> bytes:
+        """A small object, read whole if it has at most ``max_size`` bytes; a larger one
+        is not read (ObjectTooLarge): the store is not trusted to keep manifests small."""
 
     @abc.abstractmethod
     async def delete(self, keys: list[str]) -> None:

@@ -2,7 +2,9 @@
 
 Writes go to a temporary file in the target directory, are fsynced, renamed
 into place and the directory fsynced, so a reader (another node's restore,
-``jitckpt ls``) sees either nothing or the whole file, even after a crash.
+``jitckpt ls``) sees either nothing or the whole file, even after a crash; a
+directory made on the way is fsynced into its parent too, or a crash could
+lose the directory entry of a file already called durable.
 The filesystem keeps no checksum: validity checks sizes here, and every
 restore still verifies the manifest's CRC32C.
 """
@@ -18,7 +20,16 @@ from pathlib import Path
 import google_crc32c
 
 from sidecar import checksum
-from sidecar.storage.base import ObjectInfo, PartGate, PutResult, Store, VerificationError
+from sidecar.safefs import OpenedFile
+from sidecar.storage.base import (
+    ObjectInfo,
+    ObjectTooLarge,
+    PartGate,
+    PutResult,
+    Store,
+    StoreError,
+    VerificationError,
+)
 
 TMP_MARK = ".jitckpt-tmp-"  # temporary files carry this; listings skip them
 COPY_CHUNK = 8 * 1024 * 1024
@@ -36,33 +47,36 @@ CLAIM_DIR_MODE = 0o775  # every node's sidecar runs as the image's uid; group fo
 
 
 def _makedirs(path: Path) -> None:
-    """Directories the other nodes' sidecars (same uid, or the pod's fsGroup) write into."""
+    """Directories the other nodes' sidecars (same uid, or the pod's fsGroup) write into;
+    each one made here is fsynced into its parent."""
     missing: list[Path] = []
     current = path
     while not current.exists():
         missing.append(current)
         current = current.parent
     for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
+        try:
             directory.mkdir(mode=CLAIM_DIR_MODE)
-            os.chmod(directory, CLAIM_DIR_MODE)
+        except FileExistsError:
+            continue  # another node made it (and fsynced it)
+        os.chmod(directory, CLAIM_DIR_MODE)
+        _fsync_dir(directory.parent)
 
 
-def atomic_write(target: Path, source: Path | None, data: bytes | None) -> str:
+def atomic_write(target: Path, source: OpenedFile | None, data: bytes | None) -> str:
     """Write ``source``'s bytes (or ``data``) to ``target`` atomically; return the CRC32C."""
     _makedirs(target.parent)
     tmp = target.with_name(f"{TMP_MARK}{target.name}.{uuid.uuid4().hex}")
     crc = 0
     try:
-        with tmp.open("wb") as out:
+        with tmp.open("xb") as out:
             if data is not None:
                 out.write(data)
                 crc = google_crc32c.value(data)
             elif source is not None:
-                with source.open("rb") as src:
-                    while chunk := src.read(COPY_CHUNK):
-                        out.write(chunk)
-                        crc = google_crc32c.extend(crc, chunk)
+                for chunk in source.chunks(COPY_CHUNK):
+                    out.write(chunk)
+                    crc = google_crc32c.extend(crc, chunk)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(tmp, 0o644)
@@ -125,42 +139,57 @@ class DirectoryStore(Store):
         return ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime)
 
     async def put_file(
-        self, key: str, path: Path, crc32c: str | None = None, gate: PartGate | None = None
+        self,
+        key: str,
+        source: OpenedFile,
+        crc32c: str | None = None,
+        gate: PartGate | None = None,
     ) -> PutResult:
         if gate is not None:
             await gate.wait()
-        written = await asyncio.to_thread(atomic_write, self._path(key), path, None)
+        written = await asyncio.to_thread(atomic_write, self._path(key), source, None)
         if crc32c is not None and written != crc32c:
-            raise VerificationError(f"{path} changed while being copied to {key}")
-        return PutResult(size=path.stat().st_size, parts=1, retries=0, crc32c=written)
+            raise VerificationError(f"{source.name} changed while being copied to {key}")
+        return PutResult(size=source.size, parts=1, retries=0, crc32c=written)
 
-    def _get(self, key: str, path: Path, size: int, crc32c: str) -> None:
-        source = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def _get(self, key: str, fd: int, size: int, crc32c: str) -> None:
         crc = 0
-        with source.open("rb") as src, path.open("wb") as out:
-            while chunk := src.read(COPY_CHUNK):
-                out.write(chunk)
+        written = 0
+        with self._path(key).open("rb") as src:
+            while written <= size and (chunk := src.read(COPY_CHUNK)):
+                os.pwrite(fd, chunk, written)
+                written += len(chunk)
                 crc = google_crc32c.extend(crc, chunk)
-            out.flush()
-            os.fsync(out.fileno())
-            written = out.tell()
+        os.fsync(fd)
         if written != size:
             raise VerificationError(f"{key}: {written} bytes, manifest says {size}")
         if checksum.encode(crc) != crc32c:
             raise VerificationError(f"{key}: CRC32C does not match the manifest")
 
-    async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:
+    async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
         try:
-            await asyncio.to_thread(self._get, key, path, size, crc32c)
+            await asyncio.to_thread(self._get, key, fd, size, crc32c)
         except FileNotFoundError as exc:
             raise VerificationError(f"{key}: missing") from exc
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(atomic_write, self._path(key), None, data)
 
-    async def get_bytes(self, key: str) -> bytes:
-        return await asyncio.to_thread(self._path(key).read_bytes)
+    def _read_small(self, key: str, max_size: int) -> bytes:
+        with self._path(key).open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_size:
+                raise ObjectTooLarge(f"{key} is {size} bytes, more than {max_size}")
+            data = handle.read(max_size + 1)  # never more, even if it grew meanwhile
+        if len(data) > max_size:
+            raise ObjectTooLarge(f"{key} is more than {max_size} bytes")
+        return data
+
+    async def get_bytes(self, key: str, max_size: int) -> bytes:
+        try:
+            return await asyncio.to_thread(self._read_small, key, max_size)
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc}") from exc
 
     def _delete(self, keys: list[str]) -> None:
         parents: set[Path] = set()

@@ -14,7 +14,6 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import google_crc32c
@@ -24,7 +23,15 @@ from botocore.exceptions import ClientError
 
 from sidecar import checksum
 from sidecar.config import DOWNLOAD_CONCURRENCY, DOWNLOAD_RANGE_SIZE
-from sidecar.storage.base import ObjectInfo, PartGate, PutResult, Store, VerificationError
+from sidecar.safefs import OpenedFile
+from sidecar.storage.base import (
+    ObjectInfo,
+    ObjectTooLarge,
+    PartGate,
+    PutResult,
+    Store,
+    VerificationError,
+)
 from sidecar.storage.retry import RetryPolicy
 
 ENV_ENDPOINTS = ("AWS_S3_ENDPOINT", "AWS_ENDPOINT_URL")
@@ -41,10 +48,10 @@ def endpoint_from_env(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _check_unchanged(path: Path, expected: str | None, sent: str) -> None:
+def _check_unchanged(name: str, expected: str | None, sent: str) -> None:
     if expected is not None and expected != sent:
         raise VerificationError(
-            f"{path} changed while being uploaded (CRC32C {sent}, not {expected})"
+            f"{name} changed while being uploaded (CRC32C {sent}, not {expected})"
         )
 
 
@@ -162,19 +169,22 @@ class S3Store(Store):
         return await self.policy.run(f"head {self._uri}/{key}", call)
 
     async def put_file(
-        self, key: str, path: Path, crc32c: str | None = None, gate: PartGate | None = None
+        self,
+        key: str,
+        source: OpenedFile,
+        crc32c: str | None = None,
+        gate: PartGate | None = None,
     ) -> PutResult:
-        size = path.stat().st_size
+        size = source.size
         before = self.policy.retries
         if size <= self.part_size:
-            data = await asyncio.to_thread(path.read_bytes)
-            if len(data) != size:
-                raise VerificationError(f"{path} changed size while being uploaded")
+            data = await asyncio.to_thread(source.pread, 0, size)
+            await asyncio.to_thread(source.check_size)
             sent = checksum.of_bytes(data)
-            _check_unchanged(path, crc32c, sent)
+            _check_unchanged(source.name, crc32c, sent)
             await self._put(key, data, sent, gate)
             return PutResult(size=size, parts=1, retries=self.policy.retries - before, crc32c=sent)
-        parts, sent = await self._multipart(key, path, size, crc32c, gate)
+        parts, sent = await self._multipart(key, source, crc32c, gate)
         return PutResult(size=size, parts=parts, retries=self.policy.retries - before, crc32c=sent)
 
     @contextlib.asynccontextmanager
@@ -208,7 +218,7 @@ class S3Store(Store):
             )
 
     async def _multipart(
-        self, key: str, path: Path, size: int, crc32c: str | None, gate: PartGate | None
+        self, key: str, source: OpenedFile, crc32c: str | None, gate: PartGate | None
     ) -> tuple[int, str]:
         """Upload in parts; returns the part count and the file's CRC32C, combined from the
         parts' (checked against ``crc32c`` before completing, when given)."""
@@ -221,16 +231,14 @@ class S3Store(Store):
             ),
         )
         upload_id = created["UploadId"]
+        size = source.size
         count = (size + self.part_size - 1) // self.part_size
-        fd = os.open(path, os.O_RDONLY)
 
         async def part(number: int) -> tuple[dict[str, Any], int, int]:
             async with self._slot(gate):
                 offset = (number - 1) * self.part_size
                 length = min(self.part_size, size - offset)
-                data = await asyncio.to_thread(os.pread, fd, length, offset)
-                if len(data) != length:
-                    raise VerificationError(f"{path} shrank while being uploaded")
+                data = await asyncio.to_thread(source.pread, offset, length)
                 value = google_crc32c.value(data)
                 crc = checksum.encode(value)
                 answer = await self.policy.run(
@@ -249,8 +257,9 @@ class S3Store(Store):
 
         try:
             done = await asyncio.gather(*(part(n) for n in range(1, count + 1)))
+            await asyncio.to_thread(source.check_size)
             whole = checksum.encode(checksum.combine_all((v, n) for _, v, n in done))
-            _check_unchanged(path, crc32c, whole)
+            _check_unchanged(source.name, crc32c, whole)
             await self.policy.run(
                 f"complete multipart {self._uri}/{key}",
                 lambda: client.complete_multipart_upload(
@@ -266,8 +275,6 @@ class S3Store(Store):
                     Bucket=self._bucket, Key=full, UploadId=upload_id
                 )
             raise
-        finally:
-            os.close(fd)
         return count, whole
 
     async def _fetch_range(self, key: str, fd: int, start: int, length: int) -> int:
@@ -311,22 +318,17 @@ class S3Store(Store):
         async with self._get_slots:
             return await self.policy.run(f"get {self._uri}/{key} @{start}", call)
 
-    async def get_file(self, key: str, path: Path, size: int, crc32c: str) -> None:
+    async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
         """Ranged parallel download; each range's CRC32C is taken while its bytes are in
         memory and the ranges' CRCs are combined, so the file is never read back."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
+        os.ftruncate(fd, size)
 
-            async def fetch(start: int) -> tuple[int, int]:
-                length = min(self.range_size, size - start)
-                return await self._fetch_range(key, fd, start, length), length
+        async def fetch(start: int) -> tuple[int, int]:
+            length = min(self.range_size, size - start)
+            return await self._fetch_range(key, fd, start, length), length
 
-            ranges = await asyncio.gather(*(fetch(s) for s in range(0, size, self.range_size)))
-            await asyncio.to_thread(os.fsync, fd)
-        finally:
-            os.close(fd)
+        ranges = await asyncio.gather(*(fetch(s) for s in range(0, size, self.range_size)))
+        await asyncio.to_thread(os.fsync, fd)
         actual = checksum.encode(checksum.combine_all(ranges))
         if actual != crc32c:
             raise VerificationError(f"{key}: CRC32C {actual} does not match manifest {crc32c}")
@@ -334,13 +336,19 @@ class S3Store(Store):
     async def put_bytes(self, key: str, data: bytes) -> None:
         await self._put(key, data, checksum.of_bytes(data))
 
-    async def get_bytes(self, key: str) -> bytes:
+    async def get_bytes(self, key: str, max_size: int) -> bytes:
         client = await self._c()
 
         async def call() -> bytes:
             answer = await client.get_object(Bucket=self._bucket, Key=self._key(key))
             async with answer["Body"] as body:
-                data: bytes = await body.read()
+                if int(answer.get("ContentLength", 0)) > max_size:
+                    raise ObjectTooLarge(
+                        f"{key} is {answer['ContentLength']} bytes, more than {max_size}"
+                    )
+                data: bytes = await body.read(max_size + 1)  # never more, whatever it says
+            if len(data) > max_size:
+                raise ObjectTooLarge(f"{key} is more than {max_size} bytes")
             return data
 
         return await self.policy.run(f"get {self._uri}/{key}", call)

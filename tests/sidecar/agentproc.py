@@ -29,6 +29,7 @@ class AgentProcess:
     s3_env: dict[str, str]
     extra_env: dict[str, str] = field(default_factory=dict)
     phase: str = "all"
+    memory_limit: int = 0  # bytes of data segment (RLIMIT_DATA), as a pod's memory limit
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     runs: int = 0
@@ -85,7 +86,9 @@ class AgentProcess:
 
     def start(self, *args: str) -> AgentProcess:
         self.runs += 1
+        limit = ["prlimit", f"--data={self.memory_limit}"] if self.memory_limit else []
         command = [
+            *limit,  # prlimit execs the agent: same process, limit set
             JITCKPT,
             "agent",
             "--phase",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from pathlib import Path
 
+from local.s3server import LocalS3
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
+from sidecar.safefs import OpenedFile, open_path
 from sidecar.storage.base import Store
 from sidecar.storage.factory import open_store
 
@@ -31,18 +34,29 @@ async def commit(
     nnodes: int = 1,
     kind: str = "periodic",
 ) -> CommitResult:
-    files = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-    return await commit_node(
-        store,
-        step=step,
-        kind=kind,
-        source=directory,
-        files=files,
-        node_rank=node_rank,
-        nnodes=nnodes,
-        pod="pod-a",
-        job="job-1",
-    )
+    files = [open_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file()]
+    try:
+        return await commit_node(
+            store,
+            step=step,
+            kind=kind,
+            files=files,
+            node_rank=node_rank,
+            nnodes=nnodes,
+            pod="pod-a",
+            job="job-1",
+        )
+    finally:
+        for opened in files:
+            opened.close()
+
+
+def open_file(directory: Path, path: Path) -> OpenedFile:
+    """A test's own file opened as the sidecar opens staged ones, named relative to
+    ``directory`` (its name in the checkpoint)."""
+    opened = open_path(path)
+    opened.name = path.relative_to(directory).as_posix()
+    return opened
 
 
 def seed_store(destination: str, scratch: Path, step: int, sizes: dict[str, int]) -> None:
@@ -68,3 +82,41 @@ def stage(staging_root: Path, name: str, sizes: dict[str, int]) -> tuple[Path, l
         path.write_bytes(os.urandom(size))
         files.append(relative)
     return directory, files
+
+
+def bucket_objects(local_s3: LocalS3, bucket: str) -> dict[str, bytes]:
+    """Every object in ``bucket`` and its bytes, read back through a plain S3 client."""
+    import botocore.session
+
+    from local.s3server import ACCESS_KEY, REGION, SECRET_KEY
+
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=local_s3.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name=REGION,
+    )
+    objects: dict[str, bytes] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"]
+            objects[item["Key"]] = body.read()
+    return objects
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple[int, bytes | str | None]]:
+    """Each entry under ``root`` (and root itself), never following a symlink: its mode
+    and its bytes (files), its target (symlinks) or None (directories)."""
+    found: dict[str, tuple[int, bytes | str | None]] = {}
+    for here, dirs, files in os.walk(root):
+        for name in [".", *dirs, *files]:
+            path = Path(here) / name
+            info = path.lstat()
+            content: bytes | str | None = None
+            if stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                content = path.read_bytes()
+            found[path.relative_to(root).as_posix()] = (info.st_mode, content)
+    return found

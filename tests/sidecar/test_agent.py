@@ -185,7 +185,8 @@ def test_sigkill_mid_upload_then_restart_finishes(
             agent.wait_for(lambda: proxy.injected("stall-request") > 0, 20, "an upload in flight")
             agent.kill()
             client.close()
-            assert directory.is_dir() and (agent.staging / "checkpoint-50-jit-9.job.json").is_file()
+            record = agent.root / "opt" / "agent" / "staged" / "checkpoint-50-jit-9.job.json"
+            assert directory.is_dir() and record.is_file()
             assert (
                 50 not in _states(agent.destination, env, tmp_path)
                 or not _states(agent.destination, env, tmp_path)[50].valid

@@ -79,8 +79,10 @@ def test_corrupt_bytes_fall_back_to_older(config: AgentConfig, tmp_path: Path) -
             (store.root / "checkpoint-2" / "w").write_bytes(os.urandom(10))
         else:
             # The manifest claims another CRC32C than the object has.
-            manifest = mf.decode(await store.get_bytes(mf.manifest_key(2, 0)))
-            manifest.files[0].crc32c = "AAAAAA=="
+            manifest = mf.decode(
+                await store.get_bytes(mf.manifest_key(2, 0), mf.MAX_MANIFEST_BYTES)
+            )
+            manifest.files[0] = manifest.files[0].model_copy(update={"crc32c": "AAAAAA=="})
             await store.put_bytes(mf.manifest_key(2, 0), mf.encode(manifest))
 
     result = _restore(config, prepare)
@@ -104,7 +106,9 @@ def test_restore_record_round_trip(config: AgentConfig, tmp_path: Path) -> None:
         await store.put_bytes("checkpoint-8/w", b"x")
 
     result = _restore(config, prepare)
-    result.save(config.local_dir)
-    loaded = RestoreResult.load(config.local_dir)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    result.save(state_dir)
+    loaded = RestoreResult.load(state_dir)
     assert loaded == result
     assert loaded is not None and loaded.answer() == {"step": 7, "path": result.path}

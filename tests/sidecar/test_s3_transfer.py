@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar import checksum
+from sidecar.safefs import open_path
 from sidecar.storage.base import VerificationError
 from sidecar.storage.s3 import S3Store
 
@@ -42,11 +43,12 @@ def test_put_returns_the_file_crc_and_get_verifies_ranges(
 
     async def go() -> None:
         async with store(bucket, range_size=range_size) as s3:
-            result = await s3.put_file("checkpoint-1/w.bin", source)
+            result = await s3.put_file("checkpoint-1/w.bin", open_path(source))
             assert result.crc32c == checksum.of_file(source)
             assert result.parts == max(1, -(-size // (5 * MIB)))
-            target = tmp_path / "out" / "w.bin"
-            await s3.get_file("checkpoint-1/w.bin", target, size, result.crc32c)
+            target = tmp_path / "w.bin"
+            with target.open("wb") as out:
+                await s3.get_file("checkpoint-1/w.bin", out.fileno(), size, result.crc32c)
             assert target.read_bytes() == source.read_bytes()
 
     asyncio.run(go())
@@ -61,9 +63,12 @@ def test_get_rejects_a_crc_that_does_not_match(
 
     async def go() -> None:
         async with store(bucket) as s3:
-            await s3.put_file("checkpoint-2/w.bin", source)
-            with pytest.raises(VerificationError, match="CRC32C"):
-                await s3.get_file("checkpoint-2/w.bin", tmp_path / "o.bin", 3 * MIB + 17, wrong)
+            await s3.put_file("checkpoint-2/w.bin", open_path(source))
+            with (
+                pytest.raises(VerificationError, match="CRC32C"),
+                (tmp_path / "o.bin").open("wb") as out,
+            ):
+                await s3.get_file("checkpoint-2/w.bin", out.fileno(), 3 * MIB + 17, wrong)
 
     asyncio.run(go())
 
@@ -79,7 +84,7 @@ def test_put_rejects_a_stated_crc_the_bytes_do_not_have(
     async def go() -> None:
         async with store(bucket) as s3:
             with pytest.raises(VerificationError, match="changed"):
-                await s3.put_file("checkpoint-3/w.bin", source, stale)
+                await s3.put_file("checkpoint-3/w.bin", open_path(source), stale)
             assert await s3.head("checkpoint-3/w.bin") is None
 
     asyncio.run(go())

@@ -14,7 +14,7 @@ from local.s3server import LocalS3
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
-from sidecar.staging import StagedJob, accept, make_shared_dir
+from sidecar.staging import StagedJob, StagingArea
 from sidecar.storage.factory import open_store
 from sidecar.uploader import Uploader
 from sidecar.validity import scan
@@ -23,14 +23,20 @@ from tests.sidecar.helpers import stage
 from tests.support.faultproxy import FaultProxy
 
 
+def _area(config: AgentConfig) -> StagingArea:
+    area = StagingArea(config.local_dir, None)
+    area.prepare()
+    return area
+
+
 def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
     config = AgentConfig(destination=str(tmp_path / "claim"), local_dir=tmp_path / "local")
-    make_shared_dir(config.staging_dir)
+    area = _area(config)
     jobs = []
     for step, kind in ((10, "periodic"), (30, "periodic"), (20, "periodic"), (25, "jit")):
         directory, files = stage(config.staging_dir, f"c{step}", {"w": 4096, "x/y": 10})
         message = shimtalk.staged(step, kind, directory, files)
-        jobs.append(accept(config.staging_dir, message, time.time()))
+        jobs.append(area.accept(message, time.time()))
     order: list[tuple[int, str]] = []
 
     async def main() -> dict[int, bool]:
@@ -67,10 +73,10 @@ def test_failed_upload_is_requeued_until_committed(
         config = AgentConfig(
             destination=f"s3://{bucket}/ns/job", local_dir=tmp_path / "local", s3_max_attempts=2
         )
-        make_shared_dir(config.staging_dir)
+        area = _area(config)
         directory, files = stage(config.staging_dir, "j", {"w": 1000})
         message = shimtalk.staged(3, "jit", directory, files)
-        job = accept(config.staging_dir, message, time.time())
+        job = area.accept(message, time.time())
         proxy.fail(503, "SlowDown", times=6, method="PUT")
         metrics = Metrics()
         committed: list[int] = []
@@ -113,12 +119,12 @@ def test_jit_pauses_a_running_periodic_upload(
             part_size=5 * 1024 * 1024,
             concurrency=1,
         )
-        make_shared_dir(config.staging_dir)
+        area = _area(config)
 
         def job(step: int, kind: str, size: int) -> StagedJob:
             directory, files = stage(config.staging_dir, f"c{step}", {"w": size})
             message = shimtalk.staged(step, kind, directory, files)
-            return accept(config.staging_dir, message, time.time())
+            return area.accept(message, time.time())
 
         periodic = job(8, "periodic", 6 * 5 * 1024 * 1024)
         jit = job(9, "jit", 1000)
@@ -147,3 +153,46 @@ def test_jit_pauses_a_running_periodic_upload(
         last_part = max(i for i, t in enumerate(targets) if re.search(r"partNumber=6\b", t))
         assert jit_manifest < last_part, targets
         assert committed == [9, 8]
+
+
+def test_a_stuck_jit_upload_holds_periodic_ones_back_only_so_long(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store hangs on every request of the JIT checkpoint: after ``max_pause`` the
+    periodic checkpoint is uploaded beside it instead of waiting for it forever."""
+    with FaultProxy(local_s3.endpoint) as proxy:
+        for name, value in local_s3.credentials_env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_S3_ENDPOINT", proxy.endpoint)
+        config = AgentConfig(
+            destination=f"s3://{bucket}/ns/job", local_dir=tmp_path / "local", s3_read_timeout=60
+        )
+        area = _area(config)
+        proxy.stall(60, times=1000, path="checkpoint-9/")
+        jobs = []
+        for step, kind in ((9, "jit"), (8, "periodic")):
+            directory, files = stage(config.staging_dir, f"c{step}", {"w": 1000})
+            jobs.append(area.accept(shimtalk.staged(step, kind, directory, files), time.time()))
+        committed: list[int] = []
+
+        async def main() -> None:
+            async with open_store(config) as store:
+                done = asyncio.Event()
+
+                async def on_commit(job: StagedJob, result: CommitResult) -> None:
+                    committed.append(job.step)
+                    done.set()
+
+                uploader = Uploader(store, config, Metrics(), on_commit, max_pause=1.0)
+                for job in jobs:
+                    await uploader.submit(job)
+                task = asyncio.create_task(uploader.run())
+                await asyncio.wait_for(done.wait(), 30)
+                assert [r["step"] for r in uploader.snapshot()] == [9]  # still stuck
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        asyncio.run(main())
+        assert committed == [8]
+        proxy.clear()

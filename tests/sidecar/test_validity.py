@@ -10,6 +10,7 @@ import pytest
 from sidecar import checksum
 from sidecar import manifest as mf
 from sidecar.config import AgentConfig
+from sidecar.safefs import open_path
 from sidecar.storage.base import Store
 from sidecar.storage.factory import open_store
 from sidecar.validity import CheckpointState, scan
@@ -52,7 +53,7 @@ def test_missing_manifests_make_it_torn(config: AgentConfig, tmp_path: Path) -> 
         # Files uploaded but the manifest never written: an interrupted upload.
         source = make_checkpoint(tmp_path, 30, {"a.bin": 10})
         path = source / "a.bin"
-        await store.put_file("checkpoint-30/a.bin", path, checksum.of_file(path))
+        await store.put_file("checkpoint-30/a.bin", open_path(path), checksum.of_file(path))
 
     states = _run(config, body)
     assert not states[20].valid
@@ -95,7 +96,7 @@ def test_unreadable_manifest_is_torn(config: AgentConfig, tmp_path: Path) -> Non
         await store.put_bytes(mf.manifest_key(80, 0), b"{not json")
 
     states = _run(config, body)
-    assert states[80].reason.startswith("manifest node-0.json is unreadable")
+    assert states[80].reason.startswith("manifest node-0.json is invalid")
 
 
 @pytest.mark.parametrize("destination", ["s3"], indirect=True)
@@ -106,7 +107,7 @@ def test_store_checksum_mismatch_is_torn_on_s3(config: AgentConfig, tmp_path: Pa
         other = make_checkpoint(tmp_path, 91, {"w.bin": 64})
         # Same size, other bytes: only the store's CRC32C can tell.
         path = other / "w.bin"
-        await store.put_file("checkpoint-90/w.bin", path, checksum.of_file(path))
+        await store.put_file("checkpoint-90/w.bin", open_path(path), checksum.of_file(path))
 
     states = _run(config, body)
     assert "store CRC32C" in states[90].reason and "w.bin" in states[90].reason

@@ -1,0 +1,405 @@
+"""Attacks from the trainer's side of the shared volume (issue 10, findings 1, 2, 5).
+
+The trainer container is untrusted code: it shares ``/mnt/jitckpt`` and the
+socket with the sidecar, which holds the store's credentials. Each test runs
+the real ``jitckpt agent`` against a real S3 server (moto), speaks to it
+through the socket as a trainer would, and plants real files, symlinks and
+records in the shared directory. A secret the agent can read (a canary file)
+must never reach the store, and nothing outside the shared volume may be
+chmodded, overwritten or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from local.s3server import LocalS3
+from shim import protocol
+from shim.channel import Client
+from tests.sidecar import shimtalk
+from tests.sidecar.agentproc import AgentProcess
+from tests.sidecar.helpers import bucket_objects, seed_store, stage, tree_snapshot
+
+SIZE = 64  # the staged file and the canary have the same size, so a size check cannot tell
+
+
+@pytest.fixture
+def agent(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> Iterator[AgentProcess]:
+    proc = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/team/ns-a/job-1", s3_env=s3_env)
+    yield proc
+    proc.kill()
+
+
+def _canary(directory: Path, name: str = "model.bin") -> bytes:
+    """A file the agent can read and the trainer wants: stands for the agent's secrets."""
+    directory.mkdir(parents=True, exist_ok=True)
+    secret = (b"CANARY-" + secrets.token_hex(16).encode()).ljust(SIZE, b"!")
+    path = directory / name
+    path.write_bytes(secret)
+    os.chmod(path, 0o600)
+    return secret
+
+
+def _hello(agent: AgentProcess) -> Client:
+    client = Client(str(agent.socket), timeout=30)
+    answer = client.call(shimtalk.hello(os.getpid()))
+    assert isinstance(answer, protocol.HelloAnswer), answer
+    return client
+
+
+def _idle(agent: AgentProcess) -> bool:
+    return agent.status()["queue"] == []
+
+
+def _settle(agent: AgentProcess, timeout: float) -> bool:
+    """Wait for the queue to empty; False if it did not (the store is checked anyway)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _idle(agent):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+class Flipper:
+    """Swaps staged paths to symlinks and back, in its own thread, until ``stop``.
+
+    ``flip(path, target)``: ``path`` (a file or directory the trainer staged) turns
+    into a symlink to ``target`` and back, again and again, each state held for a
+    fraction of a millisecond. ``settle(path, target)``: stop flipping it and leave
+    the symlink there for good, as a trainer does right after the sidecar's answer.
+    """
+
+    def __init__(self) -> None:
+        self._paths: list[tuple[Path, Path]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.swaps = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def flip(self, path: Path, target: Path) -> None:
+        with self._lock:
+            self._paths = [*self._paths[-3:], (path, target)]
+
+    def settle(self, path: Path, target: Path) -> None:
+        with self._lock:
+            self._paths = [p for p in self._paths if p[0] != path]
+            if not path.is_symlink():
+                self._to_link(path, target)
+
+    @staticmethod
+    def _to_link(path: Path, target: Path) -> None:
+        os.rename(path, path.with_name(path.name + ".real"))  # the staged thing steps aside
+        link = path.with_name(path.name + ".link")
+        os.symlink(target, link)
+        os.rename(link, path)  # a symlink takes its name, atomically
+
+    @staticmethod
+    def _to_real(path: Path) -> None:
+        real = path.with_name(path.name + ".real")
+        if real.is_dir():
+            os.unlink(path)  # a directory cannot be renamed over a symlink
+        os.rename(real, path)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for swap in (self._to_link, self._to_real):
+                with self._lock:
+                    for path, target in self._paths:
+                        try:
+                            swap(path, target) if swap is self._to_link else swap(path)
+                            self.swaps += 1
+                        except OSError:
+                            continue  # the agent removed it (committed), or a swap half-done
+                time.sleep(0.0003)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@pytest.mark.slow
+def test_symlink_swaps_raced_many_times_never_upload_the_canary(
+    agent: AgentProcess, tmp_path: Path, local_s3: LocalS3, bucket: str
+) -> None:
+    """Finding 1: 200 staged checkpoints, each with a file, a subdirectory or the whole
+    staged directory flipping to a symlink to the canary while the agent accepts, reads,
+    checksums and uploads it. The store must hold staged bytes only."""
+    secret_dir = tmp_path / "sidecar-private"
+    canary = _canary(secret_dir)
+    _canary(secret_dir / "sub")  # for the subdirectory swap: sub/model.bin
+    agent.start()
+    agent.wait_ready()
+    client = _hello(agent)
+    staged: set[bytes] = set()
+    answers = {"ok": 0, "refused": 0, "connection lost": 0}
+    flipper = Flipper()
+    try:
+        for i in range(200):
+            name = f"checkpoint-{i + 1}-periodic-{i}"
+            mode = i % 3
+            files = ["model.bin"] if mode != 1 else ["sub/model.bin"]
+            directory, _ = stage(agent.staging, name, {files[0]: SIZE})
+            payload = (directory / files[0]).read_bytes()
+            staged.add(payload)
+            flipped = (
+                (directory / "model.bin", secret_dir / "model.bin"),
+                (directory / "sub", secret_dir / "sub"),
+                (directory, secret_dir),
+            )[mode]
+            flipper.flip(*flipped)
+            try:
+                answer = client.call(shimtalk.staged(i + 1, "periodic", directory, files))
+            except ConnectionError:
+                answers["connection lost"] += 1
+                client = _hello(agent)
+                continue
+            answers["ok" if isinstance(answer, protocol.StagedAnswer) else "refused"] += 1
+            if i % 2 == 0:
+                flipper.settle(*flipped)
+        settled = _settle(agent, 60)
+    finally:
+        flipper.stop()
+        client.close()
+    assert flipper.swaps > 200, flipper.swaps
+    objects = bucket_objects(local_s3, bucket)
+    uploaded = {k: v for k, v in objects.items() if k.endswith("model.bin")}
+    leaked = sorted(k for k, v in objects.items() if b"CANARY-" in v)
+    assert leaked == [], f"the canary reached the store: {leaked}"
+    assert all(body in staged for body in uploaded.values())
+    assert len(uploaded) >= 20, (answers, agent.log()[-3000:])  # the race did not stop uploads
+    assert canary not in agent.log().encode()
+    assert answers["connection lost"] == 0, answers
+    assert settled, agent.status()["queue"]
+    assert agent.terminate() == 0
+
+
+def test_forged_job_record_is_not_trusted_after_a_restart(
+    agent: AgentProcess, tmp_path: Path, local_s3: LocalS3, bucket: str
+) -> None:
+    """Finding 2: a job record the trainer writes into the staging directory names a
+    directory outside it; a restarted agent must neither upload nor delete it."""
+    victim = tmp_path / "other-job"
+    canary = _canary(victim, "secret.txt")
+    before = tree_snapshot(victim)
+    agent.staging.mkdir(parents=True)
+    forged = {
+        "id": "evil",
+        "step": 7,
+        "kind": "jit",
+        "dir": str(victim),
+        "files": ["secret.txt"],
+        "staged_at": 0.0,
+    }
+    (agent.staging / "evil.job.json").write_text(json.dumps(forged))
+    agent.start()
+    agent.wait_ready()
+    agent.wait_for(lambda: _idle(agent), 30, "the queue to be empty")
+    assert tree_snapshot(victim) == before
+    assert not any(canary in body for body in bucket_objects(local_s3, bucket).values())
+    assert agent.terminate() == 0
+
+
+def test_planted_symlink_at_the_record_temp_name_is_not_followed(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """Finding 2: the trainer predicts the sidecar's temp file name next to its staged
+    directory and plants a symlink there; accepting the checkpoint must not write
+    through it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"do not overwrite\n")
+    agent.start()
+    agent.wait_ready()
+    os.symlink(victim, agent.staging / ".ckpt-1.job.json.tmp")
+    client = _hello(agent)
+    directory, files = stage(agent.staging, "ckpt-1", {"model.bin": 100})
+    answer = client.call(shimtalk.staged(1, "jit", directory, files))
+    assert isinstance(answer, protocol.StagedAnswer), answer
+    agent.wait_for(lambda: agent.committed_step() == 1, 30, "the commit")
+    assert victim.read_bytes() == b"do not overwrite\n"
+    client.close()
+    assert agent.terminate() == 0
+
+
+@pytest.mark.parametrize("planted", ["checkpoints", "checkpoint-3", ".restore-checkpoint-3"])
+def test_restore_never_follows_a_planted_symlink(
+    agent: AgentProcess, tmp_path: Path, planted: str
+) -> None:
+    """Finding 2: before the agent (re)starts, the trainer replaces ``checkpoints`` (or
+    the restore's target or temp directory in it) with a symlink to another job's
+    checkpoints, as a ``pvc://`` claim would hold them. The restore must not chmod,
+    write into, delete or replace anything there, and must still restore."""
+    seed_store(agent.destination, tmp_path / "seed", 3, {"model.bin": 1000})
+    victim = tmp_path / "claim" / "other-job"
+    (victim / "checkpoint-3").mkdir(parents=True)
+    (victim / "checkpoint-3" / "model.bin").write_bytes(b"another job's weights")
+    (victim / "keep.txt").write_bytes(b"keep")
+    os.chmod(victim, 0o750)
+    before = tree_snapshot(victim)
+    checkpoints = agent.local_dir / "checkpoints"
+    if planted == "checkpoints":
+        agent.local_dir.mkdir(parents=True)
+        os.symlink(victim, checkpoints)
+    else:
+        checkpoints.mkdir(parents=True)
+        os.symlink(
+            victim if planted.startswith(".") else victim / "checkpoint-3", checkpoints / planted
+        )
+    agent.start()
+    agent.wait_ready()
+    assert tree_snapshot(victim) == before
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o750
+    restored = checkpoints / "checkpoint-3"
+    assert not checkpoints.is_symlink() and not restored.is_symlink()
+    assert (restored / "model.bin").stat().st_size == 1000
+    assert agent.status()["restored"]["step"] == 3
+    assert agent.terminate() == 0
+
+
+def test_staged_manifest_name_cannot_forge_another_node(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """Finding 5: on a two-node job, node 0's trainer stages a file named
+    ``.jitckpt/node-1.json``; uploaded, it would stand in for node 1's commit and make
+    a checkpoint "valid" that node 1 never saved."""
+    from tests.sidecar.test_agent import _states
+
+    agent = AgentProcess(
+        root=tmp_path,
+        destination=f"s3://{bucket}/team/ns-a/job-1",
+        s3_env=s3_env,
+        extra_env={"JITCKPT_NNODES": "2"},
+    )
+    try:
+        agent.start()
+        agent.wait_ready()
+        client = _hello(agent)
+        forged = {
+            "version": 1,
+            "step": 5,
+            "kind": "jit",
+            "node_rank": 1,
+            "nnodes": 2,
+            "files": [],
+        }
+        for step, listed in ((5, True), (6, False), (7, True)):
+            forged["step"] = step
+            directory, files = stage(agent.staging, f"ckpt-{step}", {"model.bin": 100})
+            inner = "sub/../.jitckpt" if step == 7 else ".jitckpt"
+            (directory / ".jitckpt").mkdir(mode=0o777)
+            (directory / ".jitckpt" / "node-1.json").write_text(json.dumps(forged))
+            names = [*files, f"{inner}/node-1.json"] if listed else []
+            answer = client.call(shimtalk.staged(step, "jit", directory, names))
+            assert isinstance(answer, protocol.ErrorAnswer), answer
+            assert ".jitckpt" in answer.error
+        agent.wait_for(lambda: _idle(agent), 30, "the queue to be empty")
+        client.close()
+        states = _states(agent.destination, s3_env, tmp_path)
+        assert not any(s.valid for s in states.values()), states
+        keys = bucket_objects(local_s3, bucket)
+        assert not any(k.endswith(".jitckpt/node-1.json") for k in keys), sorted(keys)
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+
+
+def test_staged_file_deleted_after_acceptance_is_still_uploaded(
+    agent: AgentProcess, tmp_path: Path, local_s3: LocalS3, bucket: str
+) -> None:
+    """The trainer deletes its staged links once the sidecar answered: the sidecar owns
+    the files from its answer on, so it uploads the bytes it accepted (and is never
+    stuck retrying a job whose directory is still there but whose files are gone)."""
+    from tests.support.faultproxy import FaultProxy
+
+    with FaultProxy(local_s3.endpoint) as proxy:
+        agent.s3_env = dict(agent.s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent.start()
+        agent.wait_ready()
+        proxy.fail(503, "SlowDown", times=10_000, method="PUT")
+        client = _hello(agent)
+        directory, files = stage(agent.staging, "ckpt-4", {"model.bin": 4096})
+        payload = (directory / "model.bin").read_bytes()
+        answer = client.call(shimtalk.staged(4, "jit", directory, files))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        (directory / "model.bin").unlink()
+        agent.wait_for(lambda: proxy.injected("SlowDown") > 0, 20, "a failed upload")
+        proxy.clear()
+        agent.wait_for(lambda: agent.committed_step() == 4, 60, "the commit")
+        client.close()
+        key = "team/ns-a/job-1/checkpoint-4/model.bin"
+        assert bucket_objects(local_s3, bucket)[key] == payload
+        assert agent.terminate() == 0
+
+
+def test_staged_file_that_changes_size_is_dropped_after_bounded_retries(
+    agent: AgentProcess, tmp_path: Path, local_s3: LocalS3, bucket: str
+) -> None:
+    """Finding 5 (low): a staged file that shrinks after acceptance can never be
+    uploaded as accepted; the job is dropped with an error in the status, not retried
+    forever, and nothing of it is committed."""
+    from tests.support.faultproxy import FaultProxy
+
+    with FaultProxy(local_s3.endpoint) as proxy:
+        agent.s3_env = dict(agent.s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent.extra_env = {"JITCKPT_S3_MAX_ATTEMPTS": "1"}
+        agent.start()
+        agent.wait_ready()
+        proxy.fail(503, "SlowDown", times=10_000, method="PUT")  # nothing can be committed
+        client = _hello(agent)
+        directory, files = stage(agent.staging, "ckpt-8", {"model.bin": 4096})
+        answer = client.call(shimtalk.staged(8, "jit", directory, files))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        os.truncate(directory / "model.bin", 100)
+        agent.wait_for(lambda: _idle(agent), 90, "the job to be dropped")
+        assert agent.status()["last_error"] is not None
+        proxy.clear()
+        status = agent.status()
+        assert status["last_committed"] is None
+        assert "checkpoint-8" in status["last_error"] and "dropped" in status["last_error"]
+        client.close()
+        assert not any("checkpoint-8/" in k for k in bucket_objects(local_s3, bucket))
+        assert agent.terminate() == 0
+
+
+def test_job_whose_files_vanished_across_a_restart_is_dropped(
+    agent: AgentProcess, tmp_path: Path, local_s3: LocalS3, bucket: str
+) -> None:
+    """Finding 5 (low): the agent is killed with a job queued; the trainer deletes the
+    staged files meanwhile. The restarted agent drops the job with an error in the
+    status instead of retrying it forever."""
+    from tests.support.faultproxy import FaultProxy
+
+    with FaultProxy(local_s3.endpoint) as proxy:
+        agent.s3_env = dict(agent.s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent.start()
+        agent.wait_ready()
+        proxy.fail(503, "SlowDown", times=10_000, method="PUT")
+        client = _hello(agent)
+        directory, files = stage(agent.staging, "ckpt-9", {"model.bin": 4096})
+        answer = client.call(shimtalk.staged(9, "jit", directory, files))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        agent.wait_for(lambda: proxy.injected("SlowDown") > 0, 20, "a failed upload")
+        agent.kill()
+        client.close()
+        (directory / "model.bin").unlink()
+        proxy.clear()
+        agent.start()
+        agent.wait_ready()
+        agent.wait_for(lambda: _idle(agent), 60, "the job to be dropped")
+        status = agent.status()
+        assert status["last_committed"] is None
+        assert "checkpoint-9" in (status["last_error"] or ""), status
+        assert not any("checkpoint-9/" in k for k in bucket_objects(local_s3, bucket))
+        assert agent.terminate() == 0
