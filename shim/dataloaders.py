@@ -23,6 +23,7 @@ it skips exactly that many batches.
 from __future__ import annotations
 
 import functools
+import signal
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import rngstate
@@ -518,6 +519,30 @@ def _put_back(start: Dict[str, Any], roots: tuple, shard: Any) -> None:
         shard.iteration = start["iteration"]
 
 
+def workers_leave_sigterm() -> None:
+    """DataLoader worker processes ignore SIGTERM: their training process decides their end.
+
+    torchrun signals a worker's whole process group, DataLoader workers
+    included, and a worker killed by SIGTERM makes torch raise in the
+    training process (from its SIGCHLD handler, anywhere) before it reaches
+    the step where it saves. The training process shuts its workers down
+    itself, and a worker whose training process is gone exits on its own.
+    """
+    from torch.utils.data._utils import signal_handling
+
+    original = signal_handling._set_worker_signal_handlers
+    if getattr(original, "_jitckpt_patched", False):
+        return
+
+    @functools.wraps(original)
+    def _set_worker_signal_handlers(*args: Any) -> None:
+        original(*args)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    _set_worker_signal_handlers._jitckpt_patched = True  # type: ignore[attr-defined]
+    signal_handling._set_worker_signal_handlers = _set_worker_signal_handlers
+
+
 def install(torch: Any) -> None:
     """Patch ``DataLoader`` and its iterators (the post-import hook on torch calls this)."""
     from torch.utils.data import DataLoader, sampler
@@ -526,6 +551,7 @@ def install(torch: Any) -> None:
 
     if getattr(DataLoader, "_jitckpt_patched", False):
         return
+    workers_leave_sigterm()
     for known in (
         sampler.SequentialSampler,
         sampler.RandomSampler,

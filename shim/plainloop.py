@@ -39,6 +39,7 @@ from . import claim, dataloaders, dist, finalsaves, loopstate, pids, rngstate, w
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .exitstatus import STATUS
+from .layout import ENV_DEMO_FINAL_WEIGHTS
 from .log import failed, say, say_once
 from .protocol import KIND_JIT
 from .signals import FLAG
@@ -91,9 +92,10 @@ class PlainLoop:
         self._lock = threading.Lock()
         self._saving = False
         self._gave_up = False
-        self._hooks: list = []
         self.pid = os.getpid()  # forked DataLoader workers inherit the hooks, never act on them
         self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
+        # Demo only: the modules whose final weights it asked for, kept alive until exit.
+        self._final_modules: list = []
 
     @property
     def step(self) -> int:
@@ -107,7 +109,7 @@ class PlainLoop:
         loopstate.install(torch)
         dataloaders.install(torch)
         dataloaders.TRACKER.listener = _Listener(self)
-        self._hooks.append(register_optimizer_step_post_hook(self._on_step))
+        register_optimizer_step_post_hook(self._on_step)
         self._forward = register_module_forward_pre_hook(self._on_forward)
 
     def _remove_forward_hook(self) -> None:
@@ -297,6 +299,8 @@ class PlainLoop:
             return
         self.lead = weakref.ref(optimizer)
         self.state = FOLLOWING
+        if os.environ.get(ENV_DEMO_FINAL_WEIGHTS, "").strip():
+            self._final_modules = objects.modules  # the program's own references end before exit
         self.last_step_at = time.monotonic()
         self.run.start(lambda: self.step, on_sigterm=self._on_sigterm)
         FLAG.armed = self.config.jit
@@ -363,10 +367,7 @@ class PlainLoop:
         """
         self.state = OFF
         dataloaders.TRACKER.on = False
-        self._remove_forward_hook()
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+        self._remove_forward_hook()  # (the step hook stays: torch is iterating its hooks now)
         if self.resume is not None and not self.resume.done:
             if self.resume.early or dataloaders.TRACKER.replayed:
                 self._fatal("the loop could not be followed to its saved place (%s)" % reason)
@@ -434,7 +435,7 @@ class PlainLoop:
                 return
             self.run.final_progress(self.step, 0, self.epoch)
             if STATUS.code() == 0:
-                self.run.capture_final_weights(_one_module(loopstate.Objects().modules))
+                self.run.capture_final_weights(_one_module(self._final_modules))
         except Exception as exc:
             failed("the plain loop's end", exc)
 
@@ -493,7 +494,10 @@ _LOOP: list = []
 
 def install(torch: Any, config: ShimConfig) -> None:
     """Follow plain loops in this process (the post-import hook on torch calls this)."""
-    if _LOOP or pids.is_multiprocessing_child():
+    if pids.is_multiprocessing_child():
+        dataloaders.workers_leave_sigterm()  # a spawned DataLoader worker
+        return
+    if _LOOP:
         return
     loop = PlainLoop(config)
     _LOOP.append(loop)
