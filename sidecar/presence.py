@@ -19,6 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar import safefs
+
+PID_FILE_BYTES = 256  # "<pid> <pid namespace>": far less
+
 
 def pid_namespace() -> str:
     """This process's PID namespace as the shim writes it on a pid file's second line."""
@@ -29,18 +33,36 @@ def pid_namespace() -> str:
 
 
 def own_namespace_pids(pids_dir: Path) -> list[int]:
-    """The pids of pid files written by processes of this PID namespace."""
+    """The pids of pid files written by processes of this PID namespace.
+
+    The run volume is the trainer's too: each file is read through ``safefs`` (no
+    symlink followed, no FIFO waited on, a few bytes at most)."""
     mine = pid_namespace()
     found: list[int] = []
-    if not mine or not pids_dir.is_dir():
+    if not mine:
         return found
-    for path in pids_dir.glob("*.pid"):
-        try:
-            fields = path.read_text().split()
-        except OSError:
-            continue
-        if len(fields) >= 2 and fields[1] == mine and fields[0].isdigit():
-            found.append(int(fields[0]))
+    try:
+        run_dir = safefs.open_root(pids_dir.parent)
+    except OSError:
+        return found
+    try:
+        directory = safefs.open_dir(run_dir, pids_dir.name)
+    except OSError:
+        return found
+    finally:
+        os.close(run_dir)
+    try:
+        with os.scandir(directory) as entries:
+            names = [e.name for e in entries if e.name.endswith(".pid")]
+        for name in names:
+            try:
+                fields = safefs.read_small(directory, name, PID_FILE_BYTES).decode().split()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if len(fields) >= 2 and fields[1] == mine and fields[0].isdigit():
+                found.append(int(fields[0]))
+    finally:
+        os.close(directory)
     return found
 
 

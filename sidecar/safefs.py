@@ -171,6 +171,23 @@ def open_path(path: Path) -> OpenedFile:
         os.close(parent)
 
 
+def read_small(parent: int, name: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``name`` in ``parent``: never through a
+    symlink (one to ``/dev/zero`` would never end), never blocking on a FIFO."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeError(exc.errno, f"{name} is a symlink") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeError(errno.EINVAL, f"{name} is not a regular file")
+        return os.pread(fd, limit, 0)
+    finally:
+        os.close(fd)
+
+
 def walk_files(root: int, limit: int, depth: int) -> list[str]:
     """Relative paths of the regular files below ``root``, sorted; a symlink or any other
     kind of entry is refused, and so are more than ``limit`` files or ``depth`` levels."""

@@ -403,3 +403,29 @@ def test_job_whose_files_vanished_across_a_restart_is_dropped(
         assert "checkpoint-9" in (status["last_error"] or ""), status
         assert not any("checkpoint-9/" in k for k in bucket_objects(local_s3, bucket))
         assert agent.terminate() == 0
+
+
+def test_planted_pid_files_neither_block_nor_are_followed(tmp_path: Path) -> None:
+    """The legacy run phase reads pid files from the run volume the trainer writes: a FIFO
+    there must not hang the agent's loop, and a symlink (to ``/dev/zero``, or to a file
+    that looks like a pid file of the agent's namespace) is not followed."""
+    from sidecar.presence import own_namespace_pids, pid_namespace
+
+    pids = tmp_path / "run" / "pids"
+    pids.mkdir(parents=True)
+    os.mkfifo(pids / "fifo.pid")
+    os.symlink("/dev/zero", pids / "zero.pid")
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text(f"1\n{pid_namespace()}\n")
+    os.symlink(elsewhere, pids / "link.pid")
+    (pids / "42.pid").write_text(f"42\n{pid_namespace()}\n")
+    found: list[list[int]] = []
+    reader = threading.Thread(target=lambda: found.append(own_namespace_pids(pids)), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():
+        with open(pids / "fifo.pid", "wb"):  # let the blocked reader go
+            pass
+        reader.join(10)
+        pytest.fail("reading the pid files blocked on a FIFO")
+    assert found == [[42]]
