@@ -115,11 +115,14 @@ class Flipper:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for swap in (self._to_link, self._to_real):
+            for to_link in (True, False):
                 with self._lock:
                     for path, target in self._paths:
                         try:
-                            swap(path, target) if swap is self._to_link else swap(path)
+                            if to_link:
+                                self._to_link(path, target)
+                            else:
+                                self._to_real(path)
                             self.swaps += 1
                         except OSError:
                             continue  # the agent removed it (committed), or a swap half-done
