@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shim import layout, protocol
-from sidecar import events, retention, shimcopy, staging, termination
+from sidecar import events, final, retention, shimcopy, staging, termination
 from sidecar import manifest as mf
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
@@ -277,6 +277,9 @@ class Agent:
     async def _on_commit(self, job: staging.StagedJob, result: CommitResult) -> None:
         store = self._store
         assert store is not None
+        if isinstance(result, final.FinalCommit):
+            await self._on_final(store, job, result)
+            return
         uri = store.uri.rstrip("/") + "/" + mf.checkpoint_dir(job.step)
         done = Committed(
             step=job.step,
@@ -311,6 +314,36 @@ class Agent:
             self._spawn(self.events.post(events.JIT, text))
         if self.config.retention and self.config.node_rank == 0:
             await self._apply_retention(store)
+
+    async def _on_final(
+        self, store: Store, job: staging.StagedJob, result: final.FinalCommit
+    ) -> None:
+        """The final model is committed to ``final/`` (or dropped: a newer one is there)."""
+        await asyncio.to_thread(self.staged_jobs.release, job)
+        self.metrics.committed.labels(job.kind).inc()
+        if result.superseded:
+            return
+        uri = store.uri.rstrip("/") + "/" + final.run_prefix(result.run).rstrip("/")
+        self.state.final = Committed(
+            step=job.step,
+            kind=job.kind,
+            uri=uri,
+            time=now_iso(),
+            size=result.size,
+            seconds=round(result.seconds, 3),
+        )
+        log.info(
+            "committed the final model of step %d (%d files, %d bytes in %.2fs) at %s%s",
+            job.step,
+            len(result.manifest.files),
+            result.size,
+            result.seconds,
+            uri,
+            f", replacing {result.replaced}" if result.replaced else "",
+        )
+        termination.write(self.termination_log, termination.message(self.state, []))
+        text = f"final model of step {job.step} ({result.size} bytes) committed to {uri}"
+        self._spawn(self.events.post(events.UPLOADED, text))
 
     def _on_error(self, text: str) -> None:
         self.state.last_error = text

@@ -1,5 +1,9 @@
 """``jitckpt ls DESTINATION``: a job's checkpoints, each valid or torn with the reason.
 
+A last row, ``final``, is the trained model of the last run that finished
+(``final/``, see ``sidecar/final.py``): valid, or torn with the reason, its
+size, its time, and (``--json``) the address of its files.
+
 DESTINATION is a job root: ``s3://bucket/prefix/<ns>/<job>``, or
 ``pvc://claim/path/<ns>/<job>`` with the claim mounted at ``--pvc-mount``,
 or a plain directory (a claim mounted by hand). S3 credentials and endpoint
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
+    from sidecar import final
     from sidecar.config import AgentConfig
     from sidecar.storage.base import StoreError
     from sidecar.storage.factory import open_store
@@ -71,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
         destination=root.uri, pvc_mount=args.pvc_mount, verify_ssl=not args.no_verify_ssl
     )
 
-    async def collect() -> list[CheckpointState]:
+    async def collect() -> tuple[list[CheckpointState], final.FinalState | None]:
         async with open_store(config, root) as store:
-            return [state async for state in scan(store)]
+            return [state async for state in scan(store)], await final.judge(store)
 
     try:
-        states = asyncio.run(collect())
+        states, model = asyncio.run(collect())
     except (StoreError, OSError) as exc:
         print(f"jitckpt ls: cannot read {root.uri}: {exc}", file=sys.stderr)
         return 2
@@ -93,13 +98,28 @@ def run(args: argparse.Namespace) -> int:
         }
         for s in states
     ]
+    final_row = None
+    if model is not None:
+        final_row = {
+            "state": "valid" if model.valid else "torn",
+            "reason": model.reason,
+            "step": model.step,
+            "files": len(model.files),
+            "size": model.size,
+            "time": model.time,
+            "uri": root.child_uri(model.key),
+        }
     if args.json:
-        print(json.dumps({"destination": root.uri, "checkpoints": rows}, indent=1))
-    elif not rows:
+        document = {"destination": root.uri, "checkpoints": rows, "final": final_row}
+        print(json.dumps(document, indent=1))
+    elif not rows and final_row is None:
         print(f"no checkpoints under {root.uri}")
     else:
         print(ROW.format(**HEADER))
         for state, row in zip(states, rows, strict=True):
             nodes = "-" if state.nnodes is None else str(state.nnodes)
             print(ROW.format(**{**row, "nodes": nodes, "size": _size(state.size)}))
+        if model is not None and final_row is not None:
+            shown = {"step": "final", "kind": "model", "nodes": "-", "size": _size(model.size)}
+            print(ROW.format(**{**final_row, **shown}))
     return 0 if any(s.valid for s in states) else 1

@@ -46,6 +46,7 @@ class AgentState:
     restore_skipped: list[dict[str, object]] = field(default_factory=list)
     last_committed: Committed | None = None
     committed: list[Committed] = field(default_factory=list)
+    final: Committed | None = None  # the final model this pod committed to final/
     progress: dict[str, object] | None = None
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     last_error: str | None = None
@@ -67,6 +68,7 @@ class AgentState:
             "restore_skipped": self.restore_skipped,
             "last_committed": asdict(self.last_committed) if self.last_committed else None,
             "committed_count": len(self.committed),
+            "final": asdict(self.final) if self.final else None,
             "queue": self.queue_view(),
             "progress": self.progress,
             "clients": [asdict(c) for c in self.clients.values()],

@@ -1,9 +1,9 @@
 """The container's termination message: what ``kubectl describe pod`` shows, no RBAC needed.
 
 One short JSON object (the kubelet keeps at most 4096 bytes): the last
-committed checkpoint, what was left uncommitted, the last step the trainer
-reported, and the grace-period report
-when the grace period is too short for the measured checkpoint.
+committed checkpoint, the final model when this pod committed one, what was
+left uncommitted, the last step the trainer reported, and the grace-period
+report when the grace period is too short for the measured checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
         if last
         else "no checkpoint committed by this pod"
     )
+    if state.final:
+        summary += f"; final model: {state.final.size} bytes at {state.final.uri}"
     if uncommitted:
         steps = ", ".join(f"{u['step']} ({u['kind']})" for u in uncommitted)
         summary += f"; NOT committed: {steps}"
@@ -39,6 +41,11 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
         "last_committed": (
             {"step": last.step, "kind": last.kind, "uri": last.uri, "time": last.time}
             if last
+            else None
+        ),
+        "final": (
+            {"uri": state.final.uri, "size": state.final.size, "time": state.final.time}
+            if state.final
             else None
         ),
         "restored_step": (state.restored or {}).get("step"),

@@ -1,8 +1,9 @@
-"""The upload queue: newest first, JIT (and final) checkpoints ahead of everything.
+"""The upload queue: newest first, JIT checkpoints (and the final model) ahead of everything.
 
-Two lanes share the store's connection slots. The urgent lane takes JIT and
-final checkpoints; the background lane takes periodic ones, newest first
-(LIFO: after a burst of saves the freshest state is safe soonest). While
+Two lanes share the store's connection slots. The urgent lane takes JIT
+checkpoints and the final model (committed by ``final.commit`` to
+``final/``); the background lane takes periodic ones, newest first (LIFO:
+after a burst of saves the freshest state is safe soonest). While
 anything urgent is queued or uploading, the background lane waits before
 each part, so a JIT upload gets the whole bandwidth within a part's time,
 for at most ``MAX_PAUSE`` seconds: after that periodic uploads go on beside a
@@ -18,6 +19,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from shim import protocol
+from sidecar import final
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
@@ -186,17 +189,30 @@ class Uploader:
     async def _upload(self, job: StagedJob, gate: PartGate | None) -> None:
         cfg = self._config
         log.info("uploading checkpoint-%d (%s, %d files)", job.step, job.kind, len(job.files))
-        result = await commit_node(
-            self._store,
-            step=job.step,
-            kind=job.kind,
-            files=job.files,
-            node_rank=cfg.node_rank,
-            nnodes=cfg.nnodes,
-            pod=cfg.pod_name,
-            job=cfg.job_name,
-            gate=gate,
-        )
+        result: CommitResult
+        if job.kind == protocol.KIND_FINAL:
+            result = await final.commit(
+                self._store,
+                job,
+                node_rank=cfg.node_rank,
+                nnodes=cfg.nnodes,
+                pod=cfg.pod_name,
+                job_name=cfg.job_name,
+                gate=gate,
+                stale_after=cfg.torn_min_age,
+            )
+        else:
+            result = await commit_node(
+                self._store,
+                step=job.step,
+                kind=job.kind,
+                files=job.files,
+                node_rank=cfg.node_rank,
+                nnodes=cfg.nnodes,
+                pod=cfg.pod_name,
+                job=cfg.job_name,
+                gate=gate,
+            )
         self._failures.pop(job.id, None)
         self._metrics.upload_bytes.inc(result.size)
         self._metrics.upload_seconds.labels(job.kind).observe(result.seconds)

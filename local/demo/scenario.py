@@ -19,6 +19,7 @@ user's env would (the webhook never sets them); the shim reads them:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
@@ -363,6 +364,7 @@ def story(s: Scenario) -> dict[str, Any]:
         f"run 2 finished at step {final_step} of {max_steps or '?'}: resumed from step "
         f"{restored}, trainer exit codes {final_codes}"
     )
+    model = final_model(s)
     if reference is not None:
         finish_reference(s, reference)
     equal = compare(s, resumed_weights, reference_weights) if o.compare else None
@@ -414,10 +416,45 @@ def story(s: Scenario) -> dict[str, Any]:
         "final_exit_codes": final_codes,
         "equal_to_uninterrupted": equal,
         "destination": s.job_root,
+        "final_model": model,
         "termination_messages": [d.get("message") for d in judged.docs],
         "trainer_logs": {"preempted": first.trainer_logs(), "resumed": second.trainer_logs()},
         "failed_checks": failed,
         "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def final_model(s: Scenario) -> dict[str, Any] | None:
+    """The trained model the resumed run left in ``<job root>/final/``, read from the store.
+
+    None when there is none: the script saved no model the shim knows of (or
+    ``upload-final`` is off). Not a check of the verdict: saving one is the script's choice.
+    """
+    from sidecar import final
+
+    async def judge() -> final.FinalState | None:
+        async with s.destination.open_store(s.job_root, s.node) as store:
+            return await final.judge(store)
+
+    state = asyncio.run(judge())
+    if state is None:
+        s.narrator.say("no final model in the store: the script saved none the shim knows of")
+        return None
+    uri = f"{s.job_root.rstrip('/')}/{state.key}"
+    if state.valid:
+        s.narrator.say(
+            f"final model of step {state.step}: {len(state.files)} files, {state.size} bytes "
+            f"at {uri}"
+        )
+    else:
+        s.narrator.say(f"the final model at {uri} is torn: {state.reason}")
+    return {
+        "uri": uri,
+        "valid": state.valid,
+        "reason": state.reason,
+        "step": state.step,
+        "files": len(state.files),
+        "size": state.size,
     }
 
 

@@ -5,6 +5,8 @@ on a synthetic dataset derived from the seed (no download either) with dropout
 off, so two runs with the same seed end with bitwise identical weights, also
 when one of them was stopped and resumed. It knows nothing about jitckpt: it
 is an ordinary user script, and under the shim it gets saved on SIGTERM.
+Once ``trainer.train()`` returns it saves the model with ``trainer.save_model()``
+into ``--output-dir``, as training scripts do.
 
     python -m local.demo.train_tiny --output-dir out --max-steps 20
     torchrun --nproc-per-node 2 -m local.demo.train_tiny --output-dir out
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None, trainer_class: Any = None) -> int:
     )
     result = trainer.train(resume_from_checkpoint=args.resume)
     print(f"train() returned at step {result.global_step}", flush=True)
+    trainer.save_model()  # into output_dir, as training scripts do: jitckpt uploads it to final/
     if args.final_weights and trainer.is_world_process_zero():
         state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
         torch.save(state, args.final_weights)

@@ -36,6 +36,10 @@ def test_default_demo_reports_ok(tmp_path: Path) -> None:
     assert summary["trainer_exit_codes"] == [143, 143]  # terminated by SIGTERM: retryable
     assert summary["equal_to_uninterrupted"] is True
     assert summary["destination"].startswith("s3://")
+    # the model the resumed run saved (train_tiny's save_model), in the store's final/
+    model = summary["final_model"]
+    assert model["valid"] is True and model["step"] == 30 and model["size"] > 0, model
+    assert model["uri"].startswith(summary["destination"] + "/final/run-"), model
     # the account went to stderr: what was injected, the preemption, the verdict
-    for phrase in ("webhook: injected", "preempting", "committed", "verdict: OK"):
+    for phrase in ("webhook: injected", "preempting", "committed", "final model", "verdict: OK"):
         assert phrase in done.stderr

@@ -72,8 +72,8 @@ def test_legacy_restore_then_run_exits_when_the_trainer_is_gone(
         hello = client.call(shimtalk.hello(trainer.pid))
         assert isinstance(hello, protocol.HelloAnswer)
         assert hello.restored is not None and hello.restored.step == 4
-        directory, files = stage(run.staging, "final", {"model": 2000})
-        client.call(shimtalk.staged(8, "final", directory, files))
+        directory, files = stage(run.staging, "last", {"model": 2000})
+        client.call(shimtalk.staged(8, "periodic", directory, files))
         assert client.call(protocol.Bye(exit_code=0)) == protocol.OkAnswer()
         client.close()
         time.sleep(1.5)
