@@ -11,6 +11,7 @@ chmodded, overwritten or deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -97,7 +98,8 @@ class Flipper:
         with self._lock:
             self._paths = [p for p in self._paths if p[0] != path]
             if not path.is_symlink():
-                self._to_link(path, target)
+                with contextlib.suppress(OSError):  # gone: the agent committed and removed it
+                    self._to_link(path, target)
 
     @staticmethod
     def _to_link(path: Path, target: Path) -> None:
