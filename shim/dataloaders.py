@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import functools
 import signal
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import rngstate
-from .created import Created
 
 ATTR_TRACK = "_jitckpt_track"
 ATTR_POSITION = "_jitckpt_position"
@@ -82,7 +82,7 @@ class Position:
         self.counts = counts  # False: the base pass inside an Accelerate shard
         self.fed = 0  # batches taken since the last optimizer step
         self.resume_here = False  # the next batch request is the resume point
-        self.owner: Any = None  # what the loop iterates (for the save point's checks)
+        self.owner: Optional["weakref.ref[Any]"] = None  # what the loop iterates (held weakly)
 
 
 class LoaderPlan:
@@ -197,7 +197,9 @@ class Tracker:
     def __init__(self) -> None:
         self.on = True
         self.listener = Listener()
-        self.loaders = Created()
+        self.tracks: Dict[int, LoaderTrack] = {}  # every loader ever built, by creation index
+        self.fed: Dict[int, LoaderTrack] = {}  # loaders that gave a batch since the last step
+        self.in_last_step: set = set()  # indices of the loaders that fed the last step
         self.created = 0
         self.plans: Dict[int, LoaderPlan] = {}
         self.replayed = False  # a planned pass was replayed (no starting over after that)
@@ -210,7 +212,7 @@ class Tracker:
         track = LoaderTrack(self.created, _signature(loader), self._problem(loader))
         self.created += 1
         loader.__dict__[ATTR_TRACK] = track
-        self.loaders.add(loader)
+        self.tracks[track.index] = track
         plan = self.plans.pop(track.index, None)
         if plan is not None:
             self._attach(track, plan)
@@ -241,8 +243,7 @@ class Tracker:
         for entry in saved:
             plan = LoaderPlan(entry)
             self.plans[plan.index] = plan
-        for loader in self.loaders.alive():
-            track = loader.__dict__[ATTR_TRACK]
+        for track in list(self.tracks.values()):
             found = self.plans.pop(track.index, None)
             if found is not None:
                 self._attach(track, found)
@@ -264,14 +265,14 @@ class Tracker:
 
     def drop_plans(self) -> None:
         self.plans = {}
-        for loader in self.loaders.alive():
-            loader.__dict__[ATTR_TRACK].plan = None
+        for track in self.tracks.values():
+            track.plan = None
 
     def pending(self) -> bool:
         """Some planned pass has not been replayed yet."""
         if self.plans:
             return True
-        return any(loader.__dict__[ATTR_TRACK].plan for loader in self.loaders.alive())
+        return any(track.plan for track in self.tracks.values())
 
     # -- a pass begins -----------------------------------------------------------
     def begin(self, track: LoaderTrack, loader: Any, make: Callable[[], Any], shard: Any) -> Any:
@@ -308,13 +309,13 @@ class Tracker:
         if shard is not None:
             track.nested = (skip, resume) if skip is not None else None
             generator = self._counting(position, make(), shard, replay)
-            position.owner = generator
+            position.owner = weakref.ref(generator)
             return generator
         position.resume_here = resume
         iterator = self._build(track, make, skip)
         try:
             iterator.__dict__[ATTR_POSITION] = position
-            position.owner = iterator
+            position.owner = weakref.ref(iterator)
         except AttributeError:
             track.problem = "its iterator is a %s" % type(iterator).__name__
         return iterator
@@ -364,9 +365,7 @@ class Tracker:
                     if replay is not None and 0 < replay.yielded == position.yielded:
                         self._shard_done(shard)
                     return
-                position.yielded += 1
-                position.fed += 1
-                self.last = position
+                self._took(position)
                 yield batch
         finally:
             close = getattr(inner, "close", None)
@@ -392,31 +391,35 @@ class Tracker:
                 position.exhausted = True
             raise
         if position.counts:
-            position.yielded += 1
-            position.fed += 1
-            self.last = position
+            self._took(position)
         return batch
+
+    def _took(self, position: Position) -> None:
+        position.yielded += 1
+        position.fed += 1
+        self.last = position
+        self.fed[position.track.index] = position.track
 
     # -- at an optimizer step ----------------------------------------------------
     def step_taken(self) -> Optional[str]:
         """Mark the passes that fed this step as training passes; why not, if they cannot be."""
-        fed = False
         problem = None
-        for loader in self.loaders.alive():
-            track: LoaderTrack = loader.__dict__[ATTR_TRACK]
+        fed, self.fed = self.fed, {}
+        self.in_last_step = set()
+        for track in fed.values():
             position = track.current
             if position is None or position.fed == 0:
                 continue
             position.fed = 0
             if position.exhausted:
                 continue  # a pass that ended before the step (an evaluation): not training
-            fed = True
+            self.in_last_step.add(track.index)
             track.mark_training(position.iteration)
             if track.problem is not None and problem is None:
                 problem = "DataLoader #%d: %s" % (track.index, track.problem)
         if problem is not None:
             return problem
-        return None if fed else NO_BATCH
+        return None if self.in_last_step else NO_BATCH
 
     def epoch(self) -> float:
         """The loop's place in epochs: the pass it took a batch from last, and how far in."""
@@ -428,21 +431,28 @@ class Tracker:
         return position.iteration + min(fraction, 1.0)
 
     def snapshot(self, trigger: Position) -> List[Dict[str, Any]]:
-        """Every training loader's place, for the checkpoint."""
+        """Every training loader's place, for the checkpoint.
+
+        Only the pass the save point is in, and passes that fed the last step
+        beside it (``zip`` of two loaders), go on after a resume; every other
+        training pass, a loader's long gone included, is finished.
+        """
         saved = []
-        for loader in self.loaders.alive():
-            track: LoaderTrack = loader.__dict__[ATTR_TRACK]
+        for track in self.tracks.values():
             position = track.current
             if position is None or (not track.training and position is not trigger):
                 continue
+            going_on = position is trigger or (
+                track.index in self.in_last_step and not position.exhausted
+            )
             saved.append(
                 {
                     "index": track.index,
                     "iteration": position.iteration,
                     "yielded": position.yielded,
-                    "exhausted": position.exhausted,
+                    "exhausted": not going_on,
                     "trigger": position is trigger,
-                    "start": position.start,
+                    "start": position.start if going_on else None,
                     "training": [list(r) for r in track.training],
                     "signature": track.signature,
                 }
@@ -451,9 +461,9 @@ class Tracker:
 
     def shutdown_workers(self) -> None:
         """Stop the worker processes of passes still open (before the process exits)."""
-        for loader in self.loaders.alive():
-            position = loader.__dict__[ATTR_TRACK].current
-            owner = position.owner if position is not None else None
+        for track in self.tracks.values():
+            position = track.current
+            owner = position.owner() if position is not None and position.owner else None
             shutdown = getattr(owner, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()

@@ -333,7 +333,7 @@ class PlainLoop:
             self._saving = True
         self.stop_pending = False
         try:
-            problem = _read_ahead(position.owner)
+            problem = _read_ahead(position.owner() if position.owner is not None else None)
             if dist.all_reduce_int(1 if problem else 0, maximum=True):
                 self._off(problem or "another rank cannot save its place")
                 return
