@@ -1,0 +1,88 @@
+"""Per-step cost of following a plain PyTorch loop: the hooks and the stop agreement.
+
+`torchrun --nproc-per-node 2` (gloo) of bench/loop_workload.py, a plain DDP
+loop sized to about 20 steps a second on two CPU ranks, with the shim (and a
+real agent behind it, so the shim is fully active: the optimizer-step hook,
+the DataLoader tracking, the all-reduce agreement at every step, progress
+reports) and without, alternating. The rate is rank 0's steady state.
+
+    python -m bench.plainloop_overhead [--quick] [--reps N]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench import harness, timeline
+from bench.harness import BenchOptions
+from bench.jitckpt_node import JitckptNode
+from bench.procs import REPO_ROOT, tool
+from bench.results import Case, Series
+
+NAME = "plainloop_overhead"
+WITH = "with shim"
+WITHOUT = "without shim"
+BUCKET = "bench-plainloop"
+WARMUP_STEPS = 10
+
+
+def training_rate(work: Path, env: dict[str, str], steps: int) -> float:
+    path = work / f"timeline-{time.monotonic_ns()}.jsonl"
+    subprocess.run(
+        [
+            tool("torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "bench.loop_workload",
+            "--steps",
+            str(steps),
+            "--timeline",
+            str(path),
+        ],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        cwd=REPO_ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return timeline.steps_per_second(timeline.read(path), skip=WARMUP_STEPS)
+
+
+def run(options: BenchOptions) -> list[Case]:
+    from local.s3server import LocalS3
+
+    reps = options.repetitions(5, 3)
+    steps = 100 if options.quick else 200
+    samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
+    with tempfile.TemporaryDirectory(prefix="bench-plainloop-") as tmp, LocalS3() as s3:
+        s3.create_bucket(BUCKET)
+        work = Path(tmp)
+        with JitckptNode(work / "node", f"s3://{BUCKET}/bench/loop", s3.credentials_env()) as node:
+            order = ((WITH, node.trainer_env()), (WITHOUT, node.trainer_env_without_shim()))
+            for rep in range(reps):
+                for subject, env in order if rep % 2 == 0 else order[::-1]:
+                    samples[subject].append(training_rate(work, env, steps))
+    return [
+        Case(
+            benchmark=NAME,
+            case=f"plain DDP loop, 2 ranks gloo, {steps} steps",
+            metric="steps per second",
+            unit="steps/s",
+            lower_is_better=False,
+            series=[
+                Series(s, samples[s], {"steps": steps, "warmup": WARMUP_STEPS}) for s in samples
+            ],
+            reference=WITH,
+            note="plainloop_overhead: with shim = PYTHONPATH at the shim and JITCKPT_DIR set, "
+            "a real agent on LocalS3 behind it; the loop runs at about 20 steps/s without it",
+        )
+    ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(NAME, "bench.plainloop_overhead", run, __doc__))
