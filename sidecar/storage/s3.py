@@ -346,7 +346,14 @@ class S3Store(Store):
                     raise ObjectTooLarge(
                         f"{key} is {answer['ContentLength']} bytes, more than {max_size}"
                     )
-                data: bytes = await body.read(max_size + 1)  # never more, whatever it says
+                # read(n) returns what has arrived, up to n: read on to the end, never more
+                # than max_size + 1 bytes whatever the length header says
+                pieces: list[bytes] = []
+                received = 0
+                while received <= max_size and (piece := await body.read(max_size + 1 - received)):
+                    pieces.append(piece)
+                    received += len(piece)
+                data = b"".join(pieces)
             if len(data) > max_size:
                 raise ObjectTooLarge(f"{key} is more than {max_size} bytes")
             return data

@@ -309,3 +309,36 @@ def test_an_older_final_model_never_replaces_a_newer_one(
     assert not newer.superseded and older.superseded
     assert model == {"model.safetensors": b"new"}
     assert keys == {final.RECORD_KEY, final.file_key(newer.run, "model.safetensors")}
+
+
+def test_the_record_of_a_model_of_many_files_is_read_whole(
+    config: AgentConfig, tmp_path: Path
+) -> None:
+    """A sharded model's record is larger than one network read: S3 answers it in pieces."""
+    source = tmp_path / "sharded"
+    deep = "/".join(c * 200 for c in "abcd")  # 4 levels of 200-character names
+    names = [f"{deep}/shard-{i:04d}.safetensors" for i in range(200)]
+    for name in names:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(name.encode()[-16:])
+    root = safefs.open_root(source)
+    try:
+        opened = [safefs.open_regular(root, name, None) for name in names]
+    finally:
+        os.close(root)
+    job = StagedJob("sharded", 3, "final", opened, 1000.0)
+
+    async def main() -> tuple[int, final.FinalState | None]:
+        async with open_store(config) as store:
+            await final.commit(store, job, node_rank=0, nnodes=1)
+            record = await store.head(final.RECORD_KEY)
+            assert record is not None
+            return record.size, await final.judge(store)
+
+    try:
+        size, state = asyncio.run(main())
+    finally:
+        job.close()
+    assert size > 150_000
+    assert state is not None and state.valid, state
+    assert sorted(e.path for e in state.files) == sorted(names)
