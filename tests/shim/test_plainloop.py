@@ -63,6 +63,15 @@ def test_shuffled_loop_with_workers_and_dropout_resumes_bitwise(
     assert json.loads((state_dir / "node-0.json").read_text())["step"] == step
     assert reference.wait(timeout=180) == 0, reference.output()[-3000:]
 
+    # The same script with another batch size: the checkpoint does not fit, training starts over.
+    changed = spawn(
+        [*args, "--batch-size", "32", "--save-model", str(tmp_path / "changed.pt")], shim_env.env
+    )
+    assert changed.wait(timeout=180) == 0, changed.output()[-3000:]
+    assert f"cannot resume the training loop from checkpoint-{step}" in changed.output()
+    assert "training starts over" in changed.output()
+    assert len(losses(changed.output())) == 3 * 5  # every step of 3 epochs of 5 batches
+
     resumed = spawn([*args, "--save-model", str(tmp_path / "resumed.pt")], shim_env.env)
     assert resumed.wait(timeout=180) == 0, resumed.output()[-3000:]
     output = resumed.output()
