@@ -50,6 +50,9 @@ class Listener:
     def plan_refused(self, reason: str) -> None:
         """A loader does not match the checkpoint's record of it."""
 
+    def tracking_failed(self, exc: BaseException) -> None:
+        """The tracker's own code failed (the loader then runs untracked)."""
+
 
 class Position:
     """One pass over a loader, as the training loop sees it."""
@@ -586,9 +589,13 @@ def install(torch: Any) -> None:
         track: Optional[LoaderTrack] = self.__dict__.get(ATTR_TRACK)
         if track is None or not TRACKER.on:
             return iterate(self)
-        if track.outer:
-            return TRACKER.nested(track, lambda: iterate(self))
-        return TRACKER.begin(track, self, lambda: iterate(self), None)
+        try:
+            if track.outer:
+                return TRACKER.nested(track, lambda: iterate(self))
+            return TRACKER.begin(track, self, lambda: iterate(self), None)
+        except Exception as exc:
+            TRACKER.listener.tracking_failed(exc)
+            return iterate(self)
 
     def _index_sampler(self: Any) -> Any:
         chosen = index_sampler.fget(self)
@@ -629,7 +636,11 @@ def install_accelerate(module: Any) -> None:
             track.outer = True
             if self.__dict__.get("skip_batches") and track.problem is None:
                 track.problem = "Accelerate's skip_batches"
-        return TRACKER.begin(track, base, lambda: shard_iter(self), self)
+        try:
+            return TRACKER.begin(track, base, lambda: shard_iter(self), self)
+        except Exception as exc:
+            TRACKER.listener.tracking_failed(exc)
+            return shard_iter(self)
 
     def pass_skipped_whole(shard: Any) -> None:
         # Accelerate counts a pass (``iteration``) only when its body yielded a batch;

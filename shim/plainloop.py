@@ -158,11 +158,15 @@ class PlainLoop:
             return
         ranks = dist.ranks()
         directory = self.run.checkpoint_path(step)
-        saved = loopstate.read(directory, ranks["rank"])
-        if saved is None:
-            return
-        reason = loopstate.unusable(saved, step, ranks["rank"], ranks["world_size"])
-        if reason is not None:
+        saved: Optional[Dict[str, Any]] = None
+        try:
+            saved = loopstate.read(directory, ranks["rank"])
+            if saved is None:
+                return
+            reason = loopstate.unusable(saved, step, ranks["rank"], ranks["world_size"])
+        except Exception as exc:  # a torn or foreign file: never trusted, never raised
+            reason = "its state cannot be read: %s: %s" % (type(exc).__name__, exc)
+        if reason is not None or saved is None:
             say("cannot resume from %s (%s): training starts over" % (directory, reason))
             return
         self.resume = Resume(step, saved)
@@ -189,8 +193,8 @@ class PlainLoop:
         if reason is not None:
             self.cannot_resume(reason)
             return
+        self.resume.early = True  # from here on, starting over would start from the wrong state
         loopstate.apply(self.resume.saved, objects)
-        self.resume.early = True
 
     def cannot_resume(self, reason: str) -> None:
         """The checkpoint does not fit this program: start over, or stop if it is too late."""
@@ -204,6 +208,18 @@ class PlainLoop:
         )
         self.resume = None
         dataloaders.TRACKER.drop_plans()
+
+    def went_wrong(self, what: str, exc: BaseException) -> None:
+        """The shim's own error: stop if a resume is under way, else leave the loop alone."""
+        failed(what, exc)
+        resume = self.resume
+        if (
+            resume is not None
+            and not resume.done
+            and (resume.early or dataloaders.TRACKER.replayed)
+        ):
+            self._fatal("%s failed (%s: %s)" % (what, type(exc).__name__, exc))
+        self._off("the shim's own error")
 
     def _fatal(self, reason: str) -> None:
         """Resuming went too far to start over, and cannot go on exactly: stop the process."""
@@ -448,15 +464,24 @@ class _Listener(dataloaders.Listener):
         loop = self.loop
         if os.getpid() != loop.pid:
             return
-        loop._prepare()
-        if loop.resume is not None and not loop.resume.early:
-            loop._early_restore()
+        try:
+            loop._prepare()
+            if loop.resume is not None and not loop.resume.early:
+                loop._early_restore()
+        except Exception as exc:
+            loop.went_wrong("resuming the plain loop", exc)
 
     def before_batch(self, position: dataloaders.Position, iterator: Any) -> None:
-        self.loop.before_batch(position, iterator)
+        try:
+            self.loop.before_batch(position, iterator)
+        except Exception as exc:
+            self.loop.went_wrong("the plain loop's batch request", exc)
 
     def plan_refused(self, reason: str) -> None:
         self.loop.cannot_resume(reason)
+
+    def tracking_failed(self, exc: BaseException) -> None:
+        self.loop.went_wrong("following the DataLoader", exc)
 
 
 def _framework_on_stack() -> bool:

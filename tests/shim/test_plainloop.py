@@ -9,6 +9,7 @@ stops the first run exactly at a step chosen by a seeded RNG.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 from pathlib import Path
@@ -107,3 +108,40 @@ def test_cycle_loop_is_not_followed_trains_unchanged_and_sigterm_acts_as_without
     assert stopped.wait(timeout=120) == -signal.SIGTERM
     assert "itertools.cycle over a DataLoader" in stopped.output()
     assert checkpoint_steps(shim_env.checkpoints) == []
+
+
+class _Exploit:
+    """Unpickling this runs a command: what a tampered checkpoint in the store could hold."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_never_loaded(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    state_dir = shim_env.checkpoints / "checkpoint-5" / "loop-state"
+    state_dir.mkdir(parents=True)
+    marker = tmp_path / "code-ran"
+    torch.save({"format": 1, "step": 5, "payload": _Exploit(marker)}, state_dir / "rank-00000.pt")
+    (state_dir / "node-0.json").write_text(json.dumps({"format": 1, "step": 5}))
+    run = spawn(
+        [
+            PYTHON,
+            str(SHUFFLED),
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--save-model",
+            str(tmp_path / "model.pt"),
+        ],
+        shim_env.env,
+    )
+    assert run.wait(timeout=180) == 0, run.output()[-3000:]
+    assert not marker.exists()
+    assert "its state cannot be read" in run.output() and "training starts over" in run.output()
+    assert len(losses(run.output())) == 10  # trained from the start
