@@ -24,7 +24,7 @@ from sidecar import final
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
-from sidecar.safefs import FileChanged, UnsafeError
+from sidecar.safefs import FileChanged
 from sidecar.staging import StagedJob
 from sidecar.storage.base import PartGate, Store, StoreError
 
@@ -146,7 +146,7 @@ class Uploader:
             requeue = False
             try:
                 await self._upload(job, gate=None if urgent else self._urgent_clear)
-            except (FileChanged, UnsafeError) as exc:
+            except FileChanged as exc:
                 failures = self._failed(job, exc)
                 requeue = failures < MAX_SOURCE_FAILURES
                 if not requeue:
