@@ -42,4 +42,5 @@ def test_only_the_sidecar_can_write_the_shim_volume(case: Case) -> None:
         if mount.get("name") == VOL_SHIM
     ]
     assert all(mount.get("readOnly") is True for _, mount in trainer_mounts), trainer_mounts
-    assert bool(trainer_mounts) == result.injected  # the trainer gets the shim, read-only
+    if result.injected:
+        assert trainer_mounts  # the trainer gets the shim, read-only
