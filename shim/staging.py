@@ -3,8 +3,12 @@
 HF's ``save_total_limit`` rotation deletes old ``checkpoint-*`` directories
 while the sidecar may still be uploading them; a hard link keeps the data
 alive without copying a byte, and the sidecar deletes the links once
-committed. Directories are made world-writable (files keep their own modes)
-because the sidecar may run as another user and must be able to remove them.
+committed. Directories are made world-writable because the sidecar may run as
+another user and must be able to remove them, and every staged file is made
+readable by others: the sidecar runs as its own non-root user, and some
+writers create files only their owner can read (safetensors writes 0600).
+The wider mode reaches the checkpoint's own file too (a hard link shares its
+inode); it stays inside the pod's local volume.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import time
 from typing import List, Optional, Sequence
 
@@ -19,6 +24,8 @@ from .log import say_once
 from .protocol import Staged
 
 DIR_MODE = 0o777
+# Read for group and others, added to whatever mode a staged file has.
+READABLE_BY_SIDECAR = 0o044
 
 
 def _make_dir(path: str) -> None:
@@ -37,6 +44,21 @@ def _link(source: str, target: str) -> None:
             "cannot hard-link into staging (%s): copying checkpoints instead" % exc.strerror,
         )
         shutil.copy2(source, target)
+    _let_sidecar_read(target)
+
+
+def _let_sidecar_read(path: str) -> None:
+    """Make a staged file readable by the sidecar's user (only when this process owns it)."""
+    status = os.lstat(path)
+    wanted = status.st_mode | READABLE_BY_SIDECAR
+    if not stat.S_ISREG(status.st_mode) or wanted == status.st_mode:
+        return
+    if status.st_uid != os.geteuid():
+        return
+    try:
+        os.chmod(path, stat.S_IMODE(wanted))
+    except OSError as exc:
+        say_once("staging-mode", "cannot make staged files readable by the sidecar: %s" % exc)
 
 
 def stage(

@@ -86,6 +86,24 @@ def test_staged_links_survive_hf_rotation(tmp_path: Path) -> None:
     assert root.parent == tmp_path / "staging"
 
 
+def test_staged_files_are_readable_by_the_sidecar_user(tmp_path: Path) -> None:
+    """safetensors writes 0600; the sidecar runs as its own user and must read what is staged."""
+    import torch
+    from safetensors.torch import save_file
+
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    save_file({"w": torch.zeros(4)}, str(checkpoint / "model.safetensors"))
+    (checkpoint / "private.bin").write_bytes(b"p")
+    (checkpoint / "private.bin").chmod(0o600)
+    assert stat.S_IMODE((checkpoint / "model.safetensors").stat().st_mode) & 0o044 == 0
+    staged = stage(str(checkpoint), str(tmp_path / "staging"), 3, "periodic")
+    for name in staged.files:
+        mode = stat.S_IMODE((Path(staged.dir) / name).stat().st_mode)
+        assert mode & 0o044 == 0o044, (name, oct(mode))
+        assert mode & 0o022 == 0, (name, oct(mode))  # readable, never writable by others
+
+
 def test_newest_checkpoint_skips_unfinished(tmp_path: Path) -> None:
     for step, finished in ((5, True), (10, True), (15, False)):
         path = tmp_path / f"checkpoint-{step}"
