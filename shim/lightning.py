@@ -15,6 +15,11 @@ own and gets patches of its own). It patches:
   signalled rank enters) and makes the loop raise out of ``fit`` without a
   checkpoint; while the shim serves the run, the shim's flag handler stays the
   SIGTERM handler, and Lightning never sees ``received_sigterm``;
+- the training epoch loop's ``_broadcast_sigterm_tensor``: with more than one
+  rank, Lightning broadcasts rank 0's ``received_sigterm`` before every
+  batch; while the shim serves the run that value is always false and the
+  shim's own agreement does the job, so the broadcast is skipped (the run
+  keeps one collective per step for SIGTERM, not two);
 - the fit loop's ``_process_dataloader``: the train DataLoader becomes
   resumable mid-epoch (``lightning_data``).
 
@@ -84,6 +89,8 @@ class Parts:
         self.signal_connector = getattr(signals, "_SignalConnector", None)
         self.checkpoint_connector = getattr(checkpoints, "_CheckpointConnector", None)
         self.fit_loop = module(".loops.fit_loop")
+        epoch_loop = module(".loops.training_epoch_loop")
+        self.epoch_loop = getattr(epoch_loop, "_TrainingEpochLoop", None)
 
     def missing(self) -> List[str]:
         """What this integration cannot do without ([] when all is there)."""
@@ -507,6 +514,14 @@ class Integration:
 
         return register_signal_handlers
 
+    def make_broadcast(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def _broadcast_sigterm_tensor(loop: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.config.jit and self.session(getattr(loop, "trainer", None)) is not None:
+                return None
+            return original(loop, *args, **kwargs)
+
+        return _broadcast_sigterm_tensor
+
     def make_process(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _process_dataloader(trainer: Any, *args: Any, **kwargs: Any) -> Any:
             loader = original(trainer, *args, **kwargs)
@@ -549,6 +564,8 @@ def install(package: ModuleType, config: ShimConfig) -> None:
         integration.make_restore,
     )
     _wrap(parts.signal_connector, "register_signal_handlers", integration.make_register)
+    if callable(getattr(parts.epoch_loop, "_broadcast_sigterm_tensor", None)):
+        _wrap(parts.epoch_loop, "_broadcast_sigterm_tensor", integration.make_broadcast)
     if callable(getattr(parts.fit_loop, "_process_dataloader", None)):
         _wrap(parts.fit_loop, "_process_dataloader", integration.make_process)
     else:
