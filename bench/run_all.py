@@ -18,6 +18,7 @@ from bench import harness
 # (name, module), cheapest first.
 BENCHMARKS = (
     ("overheads", "bench.overheads"),
+    ("lightning_overhead", "bench.lightning_overhead"),
     ("plainloop_overhead", "bench.plainloop_overhead"),
     ("admission", "bench.admission"),
     ("transfer", "bench.transfer"),

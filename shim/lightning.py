@@ -56,7 +56,6 @@ from .signals import FLAG
 from .trainrun import TrainingRun
 
 FRAMEWORK = "lightning"
-PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 # What Trainer.save_checkpoint writes into checkpoint-<step>/ (last, after the rank files).
 CHECKPOINT_FILE = "model.ckpt"
 # Each rank's random number generators and data position, beside it.
@@ -301,15 +300,30 @@ class FitSession:
         return completed + 1 if point == AT_BATCH_END else completed
 
     def save(self, kind: str, point: str) -> None:
-        """Write ``checkpoint-<step>`` through Lightning on every rank, stage it; exit after JIT."""
+        """Write ``checkpoint-<step>`` through Lightning on every rank, stage it; exit after JIT.
+
+        A JIT save that fails leaves SIGTERM to act as it would without the shim
+        (the handler that was there before, or death by the signal): training on
+        would end the run as if it had never been told to stop.
+        """
         trainer = self.trainer
         step = int(trainer.global_step)
         directory = self.run.checkpoint_path(step)
-        os.makedirs(directory, exist_ok=True)
-        self._write_record(directory, point)
-        dist.barrier()  # every rank file is written before the marker, the .ckpt, appears
-        trainer.save_checkpoint(os.path.join(directory, CHECKPOINT_FILE))
-        self.run.stage(directory, step, kind)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self._write_record(directory, point)
+            dist.barrier()  # every rank file is written before the marker, the .ckpt, appears
+            trainer.save_checkpoint(os.path.join(directory, CHECKPOINT_FILE))
+            self.run.stage(directory, step, kind)
+        except Exception as exc:
+            if kind != KIND_JIT:
+                raise
+            say(
+                "JIT checkpoint-%d could not be written (%s: %s): SIGTERM acts as it would "
+                "without jitckpt" % (step, type(exc).__name__, exc)
+            )
+            FLAG.deliver_as_before()
+            raise
         if kind == KIND_JIT:
             self.run.exit_after_jit(*self.where())
         self._rotate()

@@ -31,8 +31,8 @@ def assert_bitwise_equal(left: Path, right: Path) -> None:
     assert [name for name in a if not torch.equal(a[name], b[name])] == []
 
 
-def stop_at(proc: Proc, step: int, holders: int = 1) -> None:
-    """Wait until ``holders`` ranks hold at ``step``, then SIGTERM the process."""
+def stop_at(proc: Proc, step: int) -> None:
+    """Wait until the run holds at ``step``, then SIGTERM it."""
     proc.wait_for(f"holding at step {step} until", timeout=120)
     proc.signal(signal.SIGTERM)
 
@@ -84,6 +84,21 @@ def test_stop_at_epoch_end_exits_143_and_resume_is_bitwise(
     # Periodic saves every 4 steps from the environment, the newest two kept here.
     assert checkpoint_steps(shim_env.checkpoints) == [24, 28]
     assert_bitwise_equal(tmp_path / "resumed" / "final.ckpt", tmp_path / "reference" / "final.ckpt")
+
+
+def test_a_jit_save_that_fails_leaves_sigterm_its_default_action(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """No checkpoint can be written (a file where the directory goes): death by SIGTERM."""
+    shim_env.checkpoints.write_text("not a directory")
+    run = spawn(
+        [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "out")], {**shim_env.env, HOLD: "3"}
+    )
+    stop_at(run, 3)
+    assert run.wait() == -signal.SIGTERM, run.output()[-3000:]
+    output = run.output()
+    assert "JIT checkpoint-3 could not be written" in output
+    assert "fit() returned" not in output
 
 
 def _two_nodes(tmp_path: Path, port: int, args: list[str]) -> list[tuple[ShimEnv, Proc]]:

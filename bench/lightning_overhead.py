@@ -1,0 +1,97 @@
+"""Per-step cost of the shim's Lightning integration: the same Lightning run with and without it.
+
+`torchrun --nproc-per-node 2` (gloo, DDP) of bench/lightning_workload.py, no
+periodic saves. With the shim, a real agent serves the node, so the
+integration is fully active: at every optimizer step both ranks report
+progress and agree on the SIGTERM flag (one all-reduce, in place of the
+broadcast Lightning makes before every batch), and the train DataLoader's
+sampler goes through the shim's resumable wrapper. Runs
+alternate between the two subjects; the result is steady-state steps/s of
+rank 0 after a warm-up.
+
+    python -m bench.lightning_overhead [--quick] [--reps N]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench import harness, timeline
+from bench.harness import BenchOptions
+from bench.jitckpt_node import JitckptNode
+from bench.procs import REPO_ROOT, tool
+from bench.results import Case, Series
+
+NAME = "lightning_overhead"
+WITH = "with shim"
+WITHOUT = "without shim"
+BUCKET = "bench-lightning"
+WARMUP_STEPS = 5
+
+
+def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> float:
+    """Steady-state steps/s of rank 0 in a 2-rank gloo Lightning run."""
+    path = work / f"timeline-{time.monotonic_ns()}.jsonl"
+    subprocess.run(
+        [
+            tool("torchrun"),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(port),
+            "-m",
+            "bench.lightning_workload",
+            "--output-dir",
+            str(work / "output"),
+            "--max-steps",
+            str(steps),
+            "--timeline",
+            str(path),
+        ],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        cwd=REPO_ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return timeline.steps_per_second(timeline.read(path), skip=WARMUP_STEPS)
+
+
+def run(options: BenchOptions) -> list[Case]:
+    from local.s3server import LocalS3, free_port
+
+    reps = options.repetitions(5, 3)
+    steps = 60 if options.quick else 150
+    samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
+    with tempfile.TemporaryDirectory(prefix="bench-lightning-") as tmp, LocalS3() as s3:
+        s3.create_bucket(BUCKET)
+        work = Path(tmp)
+        with JitckptNode(
+            work / "node", f"s3://{BUCKET}/bench/lightning", s3.credentials_env()
+        ) as node:
+            order = ((WITH, node.trainer_env()), (WITHOUT, node.trainer_env_without_shim()))
+            for rep in range(reps):
+                for subject, env in order if rep % 2 == 0 else order[::-1]:
+                    samples[subject].append(training_rate(work, env, steps, free_port()))
+    return [
+        Case(
+            benchmark=NAME,
+            case=f"Lightning DDP, 2 ranks gloo, {steps} steps, MLP 3x512",
+            metric="steps per second",
+            unit="steps/s",
+            lower_is_better=False,
+            series=[
+                Series(s, samples[s], {"steps": steps, "warmup": WARMUP_STEPS}) for s in samples
+            ],
+            reference=WITH,
+            note="lightning_overhead: with shim = PYTHONPATH at the shim and JITCKPT_DIR set, "
+            "a real agent on LocalS3 behind it",
+        )
+    ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(NAME, "bench.lightning_overhead", run, __doc__))
