@@ -42,6 +42,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,6 +54,27 @@ from shim import protocol
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o666
+
+
+def _bound_socket(path: Path) -> socket.socket:
+    """A Unix socket bound at ``path`` with ``SOCKET_MODE`` from birth.
+
+    The mode comes from the umask at ``bind``, not from a chmod by name
+    afterwards: the run volume is the trainer's too, and a chmod by name would
+    follow a symlink it swapped in between the two calls.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o777 & ~SOCKET_MODE)
+    try:
+        sock.bind(str(path))
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(previous)
+    return sock
+
+
 # Seconds between two log lines saying a cap was reached (an attack would flood the log).
 CAP_LOG_SECONDS = 60.0
 
@@ -131,9 +153,8 @@ class ProtocolServer:
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()  # a socket left by a previous run of the sidecar
         self._server = await asyncio.start_unix_server(
-            self._serve, path=str(self._path), limit=protocol.MAX_LINE
+            self._serve, sock=_bound_socket(self._path), limit=protocol.MAX_LINE
         )
-        os.chmod(self._path, SOCKET_MODE)
         log.info("listening for the shim on %s", self._path)
 
     async def close(self) -> None:
