@@ -9,6 +9,7 @@ the step is printed), preempts, resumes in new pods, and compares the final
 weights bitwise with a run never preempted:
 
 - two nodes, SIGTERM to one pod only, imported as ``pytorch_lightning``;
+- two nodes, SIGTERM to both, a ``pvc://`` destination and the legacy sidecar;
 - one node with periodic saves every 5 steps, preempted between two of them:
   the periodic checkpoints are in the store and the resume is from the JIT one.
 """
@@ -66,22 +67,37 @@ def assert_preempted_and_resumed(summary: dict[str, Any], step: int, nnodes: int
     return int(jit)
 
 
+# Two nodes: SIGTERM to one pod only (S3, native sidecar, imported as
+# pytorch_lightning), and to both pods (pvc://, legacy sidecar).
+TWO_NODES = {
+    "one-pod-s3-native-pytorch_lightning": (5501, "one", [], ["--package", "pytorch_lightning"]),
+    "all-pods-pvc-legacy": (
+        7703,
+        "all",
+        ["--destination", "pvc://ckpt-claim/lightning", "--sidecar-mode", "legacy"],
+        [],
+    ),
+}
+
+
 @pytest.mark.slow
-def test_two_nodes_one_preempted_resume_bitwise(tmp_path: Path) -> None:
-    step = random.Random(5501).choice(MID_EPOCH)
-    print(f"seed 5501: preempting at step {step}", file=sys.stderr)
+@pytest.mark.parametrize("case", list(TWO_NODES))
+def test_two_nodes_preempted_resume_bitwise(case: str, tmp_path: Path) -> None:
+    seed, preempt, demo_args, script_args = TWO_NODES[case]
+    step = random.Random(seed).choice(MID_EPOCH)
+    print(f"seed {seed}: preempting at step {step}", file=sys.stderr)
     summary = demo(
         tmp_path,
         "--keep",
         "--preempt-at-step",
         str(step),
         "--preempt-nodes",
-        "one",
+        preempt,
+        *demo_args,
         "--",
-        "--package",
-        "pytorch_lightning",
+        *script_args,
     )
-    assert summary["nnodes"] == 2 and summary["preempt_nodes"] == "one"
+    assert summary["nnodes"] == 2 and summary["preempt_nodes"] == preempt
     assert_preempted_and_resumed(summary, step, 2)
 
 
