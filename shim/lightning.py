@@ -393,7 +393,7 @@ def _make_callback(base: type) -> type:
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, *args: Any) -> None:
             session = self._session
-            self._guard("restoring the random number generators", session.position.restore_pending)
+            self._guard("restoring the random number generators", session.position.batch_taken)
             if session.deferred is not None:
                 say_once("validation-absent", "the validation Lightning announced did not run")
                 self._guard("saving", lambda: session.save_deferred(AFTER_BATCH))

@@ -100,6 +100,7 @@ class Resume:
         at_iter: Optional[Dict[str, Any]] = None,
         at_first: Optional[Dict[str, Any]] = None,
         skip: int = 0,
+        next_epoch: bool = False,
     ) -> None:
         self.states = states  # the step boundary's states
         self.at_iter = at_iter  # when the epoch's iterator is made
@@ -107,6 +108,9 @@ class Resume:
         self.skip = skip  # batches of indices to pass over before ``states`` go back
         # Without data loader moments, ``states`` go back before the first batch (inexact).
         self.follows_data = at_iter is not None
+        # The checkpoint ended its epoch: the next iterator starts the next one from ``states``.
+        self.next_epoch = next_epoch
+        self.applied = False  # a DataLoader iterator took it up
 
 
 class ResumableSampler:
@@ -158,6 +162,8 @@ class Position:
         self._waiting_first = False  # an iterator was made; its first indices not yet asked for
         self._owner: Callable[[], Any] = _nobody  # the DataLoader iterator that made it
         self.pending: Optional[Resume] = None
+        # Persistent workers: each epoch resets one iterator, which draws no new worker seed.
+        self.persistent = False
 
     # -- the train DataLoader ---------------------------------------------------
     def wrap(self, loader: Any) -> Any:
@@ -186,6 +192,7 @@ class Position:
                 "the train DataLoader has worker processes: a resumed run gets the same batches, "
                 "but random numbers drawn inside the workers are not reproduced",
             )
+        self.persistent = bool(loader.persistent_workers and loader.num_workers > 0)
         name = _sampler_name(loader)
         inner = getattr(loader, name)
         if not isinstance(inner, ResumableSampler):
@@ -206,13 +213,15 @@ class Position:
         )
 
     # -- moments of an epoch ------------------------------------------------------
+    # A resume applies to every DataLoader iterator made until training takes its
+    # first batch: Lightning may make one ahead of time and drop it for another at
+    # the epoch's start, and a multi-worker iterator asks for indices as soon as
+    # it is made.
     def iterator_made(self, owner: Any) -> None:
-        """A DataLoader iterator asks for a sampler iterator (it may ask twice, and be dropped).
+        """A DataLoader iterator asks for a sampler iterator (a multi-worker one asks twice).
 
         A multi-worker iterator asks once when it is made and once more when it
-        starts its workers: only its first request is the epoch's start. An
-        iterator dropped before its first indices (Lightning makes one ahead of
-        time, then another at the epoch start) is replaced by the next one.
+        starts its workers: only its first request is the epoch's start.
         """
         if self._waiting_first and owner is not None and owner is self._owner():
             return
@@ -223,6 +232,10 @@ class Position:
         self._waiting_first = True
         try:
             pending = self.pending
+            if pending is not None and pending.next_epoch and self.persistent:
+                # An uninterrupted run resets its iterator here without drawing a worker
+                # seed; this fresh one draws one: the states go back after it.
+                pending.at_iter, pending.at_first = None, pending.at_iter or pending.at_first
             if pending is not None and pending.at_iter is not None:
                 restore(pending.at_iter, self.generators)
             self.at_iter = snapshot(self.generators)
@@ -241,20 +254,27 @@ class Position:
             failed("restoring the data loader's epoch start", exc)
         if pending is None or not pending.follows_data:
             return 0
-        pending.at_iter = pending.at_first = None
-        if pending.skip == 0:
-            # Nothing to skip: the epoch starts afresh and its states were put back already.
-            self.pending = None
+        pending.applied = True
         return pending.skip
 
     def skipped(self) -> None:
         """The consumed batches are passed over: the step boundary's states go back."""
-        self.restore_pending()
-
-    def restore_pending(self) -> None:
-        """Put back the step boundary's states if no data loader moment did (once)."""
-        pending, self.pending = self.pending, None
+        pending = self.pending
         if pending is None:
+            return
+        try:
+            restore(pending.states, self.generators)
+        except Exception as exc:
+            failed("restoring the random number generators", exc)
+
+    def batch_taken(self) -> None:
+        """Training took its first batch: the resume is done (once).
+
+        When no DataLoader moment applied it (a data source the shim does not
+        follow), the step boundary's states go back now, before the batch's step.
+        """
+        pending, self.pending = self.pending, None
+        if pending is None or pending.applied:
             return
         try:
             restore(pending.states, self.generators)
@@ -292,7 +312,7 @@ class Position:
         states = record["states"]
         if record["epoch_done"]:
             # The next iterator starts the next epoch, from the step boundary's states.
-            self.pending = Resume(states, at_iter=states)
+            self.pending = Resume(states, at_iter=states, next_epoch=True)
         elif record["exact"]:
             self.pending = Resume(states, record["at_iter"], record["at_first"], record["consumed"])
             say(

@@ -44,13 +44,17 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--accumulate-grad-batches", type=int, default=1)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--persistent-workers", action="store_true")
+    parser.add_argument("--noise", type=float, default=0.05, help="augmentation noise scale")
     return parser.parse_args()
 
 
 class NoisyPoints(Dataset):
     """Fixed points and labels; each read adds fresh noise (a typical augmentation)."""
 
-    def __init__(self, samples: int, seed: int) -> None:
+    def __init__(self, samples: int, seed: int, noise: float) -> None:
+        self.noise = noise
         generator = torch.Generator().manual_seed(seed)
         self.points = torch.randn(samples, FEATURES, generator=generator)
         self.labels = torch.randint(CLASSES, (samples,), generator=generator)
@@ -59,7 +63,10 @@ class NoisyPoints(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.points[index] + 0.05 * torch.randn(FEATURES), self.labels[index]
+        points = self.points[index]
+        if self.noise:
+            points = points + self.noise * torch.randn(FEATURES)
+        return points, self.labels[index]
 
 
 def main() -> int:
@@ -107,9 +114,15 @@ def main() -> int:
     pl.seed_everything(args.seed)
     model = Classifier(args.hidden)
     train = DataLoader(
-        NoisyPoints(args.samples, args.seed), batch_size=args.batch_size, shuffle=True
+        NoisyPoints(args.samples, args.seed, args.noise),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.num_workers,
+        persistent_workers=args.persistent_workers,
     )
-    val = DataLoader(NoisyPoints(args.samples // 4, args.seed + 1), batch_size=args.batch_size)
+    val = DataLoader(
+        NoisyPoints(args.samples // 4, args.seed + 1, args.noise), batch_size=args.batch_size
+    )
     trainer = pl.Trainer(
         max_steps=args.max_steps,
         num_nodes=args.num_nodes,
