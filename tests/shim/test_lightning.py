@@ -42,12 +42,20 @@ def stop_at(proc: Proc, step: int) -> None:
 # (two batches per optimizer step) and no validation; and one with persistent
 # DataLoader workers (which read indices ahead as soon as their iterator is made;
 # no noise: random draws inside workers are not reproduced, see the README).
+# The resumed run saves periodically as the settings say (the newest two kept).
+EVERY_4_STEPS = ({"JITCKPT_SAVE_STEPS": "4", "JITCKPT_SAVE_TOTAL_LIMIT": "2"}, [24, 28])
+EVERY_EPOCH = ({"JITCKPT_SAVE_STRATEGY": "epoch", "JITCKPT_SAVE_TOTAL_LIMIT": "2"}, [24, 30])
 CASES = {
-    "validation-at-epoch-end": ([], 12),
-    "accumulation-epoch-end": (["--no-validate", "--accumulate-grad-batches", "2"], 6),
+    "validation-at-epoch-end": ([], 12, EVERY_4_STEPS),
+    "accumulation-epoch-end": (
+        ["--no-validate", "--accumulate-grad-batches", "2"],
+        6,  # 6 optimizer steps an epoch
+        EVERY_EPOCH,
+    ),
     "persistent-workers-epoch-end": (
         ["--num-workers", "2", "--persistent-workers", "--noise", "0"],
         12,
+        EVERY_4_STEPS,
     ),
 }
 
@@ -57,7 +65,7 @@ CASES = {
 def test_stop_at_epoch_end_exits_143_and_resume_is_bitwise(
     case: str, shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
-    extra, step = CASES[case]
+    extra, step, (periodic, kept) = CASES[case]
     reference = spawn(
         [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "reference"), *extra],
         shim_env.without_shim(),
@@ -81,14 +89,14 @@ def test_stop_at_epoch_end_exits_143_and_resume_is_bitwise(
 
     resumed = spawn(
         [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "resumed"), *extra],
-        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", "JITCKPT_SAVE_TOTAL_LIMIT": "2"},
+        {**shim_env.env, **periodic},
     )
     assert resumed.wait() == 0, resumed.output()[-3000:]
     output = resumed.output()
     assert f"resuming from {shim_env.checkpoints}/checkpoint-{step}" in output
     assert f"fit() returned at step {MAX_STEPS}" in output
-    # Periodic saves every 4 steps from the environment, the newest two kept here.
-    assert checkpoint_steps(shim_env.checkpoints) == [24, 28]
+    # The periodic saves the environment asked for, the newest two kept here.
+    assert checkpoint_steps(shim_env.checkpoints) == kept
     assert_bitwise_equal(tmp_path / "resumed" / "final.ckpt", tmp_path / "reference" / "final.ckpt")
 
 
