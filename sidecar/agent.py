@@ -200,7 +200,13 @@ class Agent:
 
         cfg = self.config
         self.uploader = Uploader(
-            store, cfg, self.metrics, self._on_commit, self._on_error, on_drop=self._on_drop
+            store,
+            cfg,
+            self.metrics,
+            self._on_commit,
+            self._on_error,
+            on_drop=self._on_drop,
+            on_superseded=self._on_superseded,
         )
         self.state.queue_view = self.uploader.snapshot
         jobs, dropped = await asyncio.to_thread(self.staged_jobs.recover)
@@ -257,7 +263,11 @@ class Agent:
         return any(not c.said_bye and c.pid in live for c in self.state.clients.values())
 
     async def _drain(self) -> None:
-        """Upload until idle (and no trainer left to stage more), or the grace deadline nears."""
+        """Upload until idle (and no trainer left to stage more), or the grace deadline nears.
+
+        Woken as soon as the queue empties (the JIT commit drops what it superseded), so
+        the pod ends right after its JIT checkpoint is committed, not at the next poll.
+        """
         while True:
             if self.uploader.idle and not self._clients_busy():
                 return
@@ -265,7 +275,9 @@ class Agent:
             if remaining is not None and remaining <= 0:
                 log.error("grace deadline reached; %s", self.uploader.snapshot())
                 return
-            await asyncio.sleep(min(POLL_SECONDS, remaining) if remaining else POLL_SECONDS)
+            wait = min(POLL_SECONDS, remaining) if remaining else POLL_SECONDS
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.uploader.wait_idle(), wait)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -347,6 +359,11 @@ class Agent:
 
     def _on_error(self, text: str) -> None:
         self.state.last_error = text
+
+    async def _on_superseded(self, job: staging.StagedJob, why: str) -> None:
+        """A newer checkpoint made ``job`` useless: its links go, ``/status`` says so."""
+        self.state.dropped(job.step, job.kind, why)
+        await asyncio.to_thread(self.staged_jobs.release, job)
 
     async def _on_drop(self, job: staging.StagedJob, text: str) -> None:
         """A job that can never be uploaded as accepted: its links go, the error stays."""

@@ -35,6 +35,11 @@ class Metrics:
         self.store_retries = Counter(
             "jitckpt_store_retries", "Store requests retried after a transient error", registry=r
         )
+        self.dropped = Counter(
+            "jitckpt_checkpoints_dropped",
+            "Staged checkpoints dropped unuploaded: a newer one superseded them",
+            registry=r,
+        )
         self.queue_length = Gauge(
             "jitckpt_upload_queue_length", "Staged checkpoints not yet committed", registry=r
         )

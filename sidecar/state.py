@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -9,6 +10,9 @@ from typing import Literal
 
 from sidecar.config import AgentConfig
 from sidecar.grace import GraceClock
+
+# Drops remembered for ``/status`` (the count keeps growing; the list keeps the newest).
+MAX_SUPERSEDED = 32
 
 AgentPhase = Literal["starting", "restoring", "ready", "stopping", "stopped", "failed"]
 
@@ -50,7 +54,17 @@ class AgentState:
     progress: dict[str, object] | None = None
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     last_error: str | None = None
+    # Staged checkpoints dropped unuploaded because a newer one superseded them (newest last).
+    superseded: deque[dict[str, object]] = field(
+        default_factory=lambda: deque(maxlen=MAX_SUPERSEDED)
+    )
+    superseded_count: int = 0
     queue_view: Callable[[], list[dict[str, object]]] = field(default=lambda: [])
+
+    def dropped(self, step: int, kind: str, why: str) -> None:
+        """Say in ``/status`` that checkpoint-``step`` will not be uploaded, and why."""
+        self.superseded.append({"step": step, "kind": kind, "reason": why, "time": now_iso()})
+        self.superseded_count += 1
 
     def document(self) -> dict[str, object]:
         """The ``/status`` and ``status``-op document."""
@@ -70,6 +84,8 @@ class AgentState:
             "committed_count": len(self.committed),
             "final": asdict(self.final) if self.final else None,
             "queue": self.queue_view(),
+            "superseded": list(self.superseded),
+            "superseded_count": self.superseded_count,
             "progress": self.progress,
             "clients": [asdict(c) for c in self.clients.values()],
             "sigterm": self.grace.started,

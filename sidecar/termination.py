@@ -52,6 +52,8 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
         # The trainer's final progress report: the step its run ended at.
         "last_step": (state.progress or {}).get("step"),
         "uncommitted": uncommitted,
+        # Dropped unuploaded: a newer checkpoint superseded them (``/status`` says why).
+        "superseded": [item["step"] for item in state.superseded],
         "grace_short_by_seconds": state.grace.report()["short_by_seconds"],
     }
     text = json.dumps(doc, separators=(",", ":"))

@@ -10,17 +10,21 @@ for at most ``MAX_PAUSE`` seconds: after that periodic uploads go on beside a
 stuck urgent one. A failed upload goes back in the queue after a backoff (its
 files are held open, so the store coming back is all it waits for); one whose
 staged files changed since they were accepted is dropped after a few tries,
-with an error in the status.
+with an error in the status. Checkpoints that a newer one made useless are
+dropped too (``sidecar/backlog.py``: at most one periodic checkpoint waits
+behind the one uploading; a commit drops every older one, an upload in flight
+included), each said in the status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from shim import protocol
-from sidecar import final
+from sidecar import backlog, final
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
@@ -52,6 +56,7 @@ class Uploader:
         on_error: OnError | None = None,
         *,
         on_drop: OnDrop | None = None,
+        on_superseded: OnDrop | None = None,
         max_pause: float = MAX_PAUSE,
     ) -> None:
         self._store = store
@@ -60,9 +65,13 @@ class Uploader:
         self._on_commit = on_commit
         self._on_error = on_error
         self._on_drop = on_drop
+        self._on_superseded = on_superseded
         self._max_pause = max_pause
         self._pending: dict[str, StagedJob] = {}
         self._active: dict[str, StagedJob] = {}
+        self._uploads: dict[str, asyncio.Task[None]] = {}  # job id -> its upload in flight
+        self._superseded: dict[str, str] = {}  # job id -> why its upload was cancelled
+        self._newest_committed: int | None = None  # of the checkpoints (not final/)
         self._failures: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self._urgent_clear = asyncio.Event()
@@ -74,10 +83,48 @@ class Uploader:
     # -- queue ---------------------------------------------------------------
 
     async def submit(self, job: StagedJob) -> None:
+        """Queue ``job``; the periodic checkpoints it supersedes are dropped before this returns
+        (their staged links are gone by the time the shim hears ``ok``)."""
         async with self._changed:
             self._pending[job.id] = job
+            dropped = backlog.superseded_on_accept(
+                job, list(self._pending.values()), self._newest_committed
+            )
+            for old, _ in dropped:
+                del self._pending[old.id]
             self._update()
             self._changed.notify_all()
+        for old, why in dropped:
+            await self._supersede(old, why)
+
+    async def _committed(self, step: int) -> None:
+        """A checkpoint of ``step`` is committed: every older one staged is dropped, an
+        upload in flight cancelled (its multipart upload aborted)."""
+        async with self._changed:
+            if self._newest_committed is None or step > self._newest_committed:
+                self._newest_committed = step
+            queued = backlog.superseded_by_commit(step, list(self._pending.values()))
+            for old in queued:
+                del self._pending[old.id]
+            why = backlog.reason(step, committed=True)
+            for old in backlog.superseded_by_commit(step, list(self._active.values())):
+                task = self._uploads.get(old.id)
+                if task is not None and old.id not in self._superseded:
+                    self._superseded[old.id] = why
+                    task.cancel()
+            self._update()
+            self._changed.notify_all()
+        for old in queued:
+            await self._supersede(old, why)
+
+    async def _supersede(self, job: StagedJob, why: str) -> None:
+        self._failures.pop(job.id, None)
+        log.info("dropping checkpoint-%d (%s): %s", job.step, job.kind, why)
+        self._metrics.dropped.inc()
+        if self._on_superseded is not None:
+            await self._on_superseded(job, why)
+        else:
+            job.close()
 
     def _update(self) -> None:
         urgent = any(j.urgent for j in [*self._pending.values(), *self._active.values()])
@@ -144,8 +191,10 @@ class Uploader:
                 self._active[job.id] = job
                 self._update()
             requeue = False
+            why: str | None = None
             try:
-                await self._upload(job, gate=None if urgent else self._urgent_clear)
+                gate = None if urgent else self._urgent_clear
+                why = await self._unless_superseded(job, self._upload(job, gate=gate))
             except FileChanged as exc:
                 failures = self._failed(job, exc)
                 requeue = failures < MAX_SOURCE_FAILURES
@@ -155,13 +204,37 @@ class Uploader:
                 self._failed(job, exc)
                 requeue = True  # the store may come back; the job's files are held open
             if requeue:
-                await asyncio.sleep(min(RETRY_CAP, 2.0 ** self._failures[job.id]))
+                backoff = asyncio.sleep(min(RETRY_CAP, 2.0 ** self._failures[job.id]))
+                why = await self._unless_superseded(job, backoff)
+                requeue = why is None
+            if why is not None:
+                await self._supersede(job, why)
             async with self._changed:
                 del self._active[job.id]
                 if requeue:
                     self._pending[job.id] = job
                 self._update()
                 self._changed.notify_all()
+
+    async def _unless_superseded(
+        self, job: StagedJob, work: Coroutine[Any, Any, None]
+    ) -> str | None:
+        """Run ``work`` (an upload, or the backoff before the next try) for ``job``: None when
+        it ran to its end, or why, when a commit superseded the job meanwhile and cancelled it."""
+        task = asyncio.create_task(work)
+        self._uploads[job.id] = task
+        try:
+            await task
+        except asyncio.CancelledError:
+            why = self._superseded.get(job.id)
+            lane = asyncio.current_task()
+            if why is None or not task.cancelled() or (lane is not None and lane.cancelling()):
+                raise  # the lane itself is being cancelled
+            return why
+        finally:
+            self._uploads.pop(job.id, None)
+            self._superseded.pop(job.id, None)
+        return None
 
     def _failed(self, job: StagedJob, exc: BaseException) -> int:
         failures = self._failures.get(job.id, 0) + 1
@@ -213,8 +286,11 @@ class Uploader:
                 job=cfg.job_name,
                 gate=gate,
             )
+        self._uploads.pop(job.id, None)  # committed: no longer cancelled as superseded
         self._failures.pop(job.id, None)
         self._metrics.upload_bytes.inc(result.size)
         self._metrics.upload_seconds.labels(job.kind).observe(result.seconds)
         self._metrics.store_retries.inc(result.retries)
         await self._on_commit(job, result)
+        if backlog.is_checkpoint(job):
+            await self._committed(job.step)

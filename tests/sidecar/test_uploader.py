@@ -38,6 +38,7 @@ def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
         message = shimtalk.staged(step, kind, directory, files)
         jobs.append(area.accept(message, time.time()))
     order: list[tuple[int, str]] = []
+    superseded: list[tuple[int, str]] = []
 
     async def main() -> dict[int, bool]:
         async with open_store(config) as store:
@@ -45,10 +46,15 @@ def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
             async def on_commit(job: StagedJob, result: CommitResult) -> None:
                 order.append((job.step, job.kind))
 
-            uploader = Uploader(store, config, Metrics(), on_commit)
+            async def on_superseded(job: StagedJob, why: str) -> None:
+                superseded.append((job.step, why))
+                area.release(job)
+
+            uploader = Uploader(store, config, Metrics(), on_commit, on_superseded=on_superseded)
             for job in jobs:
                 await uploader.submit(job)
-            assert [r["step"] for r in uploader.snapshot()] == [25, 30, 20, 10]
+            # At most one periodic checkpoint waits: 30 superseded 10, and 20 came after 30.
+            assert [r["step"] for r in uploader.snapshot()] == [25, 30]
             task = asyncio.create_task(uploader.run())
             await asyncio.wait_for(uploader.wait_idle(), 30)
             task.cancel()
@@ -57,8 +63,13 @@ def test_jit_goes_first_then_newest_periodic(tmp_path: Path) -> None:
             return {s.step: s.valid async for s in scan(store)}
 
     states = asyncio.run(main())
-    assert order == [(25, "jit"), (30, "periodic"), (20, "periodic"), (10, "periodic")]
-    assert states == {10: True, 20: True, 25: True, 30: True}
+    assert order == [(25, "jit"), (30, "periodic")]
+    assert superseded == [
+        (10, "superseded by checkpoint-30 before its upload began"),
+        (20, "superseded by checkpoint-30 before its upload began"),
+    ]
+    assert states == {25: True, 30: True}
+    assert sorted(p.name for p in config.staging_dir.iterdir()) == ["c25", "c30"]
 
 
 def test_failed_upload_is_requeued_until_committed(
@@ -108,7 +119,8 @@ def test_jit_pauses_a_running_periodic_upload(
     tmp_path: Path, local_s3: LocalS3, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One connection slot: a JIT checkpoint staged while a periodic one is mid-multipart is
-    committed before the periodic one sends its remaining parts."""
+    committed before the periodic one sends its remaining parts; the periodic one, older,
+    is then superseded: its upload is cancelled and its multipart upload aborted."""
     with FaultProxy(local_s3.endpoint) as proxy:
         for name, value in local_s3.credentials_env().items():
             monkeypatch.setenv(name, value)
@@ -148,11 +160,12 @@ def test_jit_pauses_a_running_periodic_upload(
                     await task
 
         asyncio.run(main())
-        targets = [r.target for r in proxy.requests if r.method == "PUT"]
+        targets = [f"{r.method} {r.target}" for r in proxy.requests]
         jit_manifest = next(i for i, t in enumerate(targets) if "checkpoint-9/.jitckpt/" in t)
-        last_part = max(i for i, t in enumerate(targets) if re.search(r"partNumber=6\b", t))
-        assert jit_manifest < last_part, targets
-        assert committed == [9, 8]
+        assert not any(re.search(r"partNumber=6\b", t) for t in targets), targets
+        later = [t for t in targets[jit_manifest:] if "checkpoint-8/" in t]
+        assert later and all(t.startswith("DELETE ") and "uploadId=" in t for t in later), later
+        assert committed == [9]
 
 
 def test_a_stuck_jit_upload_holds_periodic_ones_back_only_so_long(

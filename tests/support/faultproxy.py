@@ -11,7 +11,9 @@ e.g. ``"partNumber="`` for multipart parts):
   connection; ``during="response"``: forward, send the headers and half the
   body back, then RST;
 - ``stall(seconds)``: hold the request that long without answering, then
-  drop the connection (the client's read timeout fires first).
+  drop the connection (the client's read timeout fires first);
+- ``delay(seconds)``: hold the request that long, then forward it and answer
+  normally (a slow store, not a failing one: uploads fall behind, none fails).
 
 It runs its own event loop in a daemon thread, so synchronous tests, asyncio
 code and child processes (pointed at ``endpoint``) can all use it::
@@ -35,7 +37,7 @@ from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit
 
-FaultKind = Literal["status", "reset", "stall"]
+FaultKind = Literal["status", "reset", "stall", "delay"]
 
 REASONS = {500: "Internal Server Error", 503: "Service Unavailable", 429: "Too Many Requests"}
 
@@ -113,6 +115,11 @@ class FaultProxy:
         self, seconds: float, times: int = 1, method: str | None = None, path: str | None = None
     ) -> None:
         self._add(Fault("stall", times, method, path, seconds=seconds))
+
+    def delay(
+        self, seconds: float, times: int = 1, method: str | None = None, path: str | None = None
+    ) -> None:
+        self._add(Fault("delay", times, method, path, seconds=seconds))
 
     def clear(self) -> None:
         with self._lock:
@@ -237,6 +244,8 @@ class FaultProxy:
             await asyncio.sleep(fault.seconds)
             _abort(writer)
             return False
+        if fault is not None and fault.kind == "delay":
+            await asyncio.sleep(fault.seconds)
         response_head, response_body = await self._forward(head, body, method)
         seen.status = int(response_head.split(b" ", 2)[1])
         if fault is not None and fault.kind == "reset":

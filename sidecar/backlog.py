@@ -1,0 +1,65 @@
+"""Which staged checkpoints are no longer worth uploading: the bound on the local backlog.
+
+The upload queue is newest first, and a restore takes the newest valid
+checkpoint. So a periodic checkpoint still waiting behind a newer one would be
+uploaded only after that newer one, where it adds nothing a restore can use;
+keeping it costs the local volume a whole checkpoint (HF's rotation has
+usually deleted the trainer's copy, and the staged hard links are all that
+keeps the bytes). Two rules follow, and they are the whole policy:
+
+- when a checkpoint is accepted, every periodic checkpoint of an older step
+  still queued (not uploading) is dropped, and so is the new one if it is
+  periodic and older than one queued: at most one periodic checkpoint waits
+  behind the one uploading, which is what keeps the README's sizing rule
+  (``save-total-limit + 1`` checkpoints of the node's share: the ones HF keeps,
+  the newest of which is the one queued, and the one uploading);
+- once a checkpoint of step N is committed, every staged checkpoint of an
+  older step, queued or uploading, is dropped: nothing older can be the one a
+  restore picks. At shutdown this is what lets the pod end right after the JIT
+  checkpoint is committed, instead of uploading the superseded periodic ones.
+
+A JIT checkpoint being accepted drops nothing by itself: until it is
+committed, the older ones are what a restore would fall back to. The final
+model (``final/``) is not a checkpoint: it neither supersedes nor is superseded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shim import protocol
+from sidecar.staging import StagedJob
+
+CHECKPOINT_KINDS = (protocol.KIND_PERIODIC, protocol.KIND_JIT)
+
+
+def is_checkpoint(job: StagedJob) -> bool:
+    return job.kind in CHECKPOINT_KINDS
+
+
+def superseded_on_accept(
+    new: StagedJob, queued: Iterable[StagedJob], committed: int | None
+) -> list[tuple[StagedJob, str]]:
+    """The jobs to drop now that ``new`` is accepted, each with why (``queued``: the jobs
+    waiting, not uploading; ``committed``: the newest step this node committed)."""
+    if is_checkpoint(new) and committed is not None and new.step < committed:
+        return [(new, reason(committed, committed=True))]
+    if new.kind != protocol.KIND_PERIODIC:
+        return []
+    waiting = [j for j in queued if j.id != new.id and j.kind == protocol.KIND_PERIODIC]
+    newest = max((j.step for j in waiting), default=None)
+    if newest is not None and newest > new.step:
+        return [(new, reason(newest, committed=False))]
+    why = reason(new.step, committed=False)
+    return [(j, why) for j in waiting if j.step < new.step]
+
+
+def superseded_by_commit(step: int, staged: Iterable[StagedJob]) -> list[StagedJob]:
+    """The staged checkpoints (queued or uploading) older than the committed ``step``."""
+    return [job for job in staged if is_checkpoint(job) and job.step < step]
+
+
+def reason(newer: int, committed: bool) -> str:
+    if committed:
+        return f"superseded by the committed checkpoint-{newer}"
+    return f"superseded by checkpoint-{newer} before its upload began"
