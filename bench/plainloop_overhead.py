@@ -4,7 +4,9 @@
 loop sized to about 20 steps a second on two CPU ranks, with the shim (and a
 real agent behind it, so the shim is fully active: the optimizer-step hook,
 the DataLoader tracking, the all-reduce agreement at every step, progress
-reports) and without, alternating. The rate is rank 0's steady state.
+reports) and without, alternating. The rate is rank 0's steady state. A
+second case runs one rank of a tiny model (thousands of steps a second, no
+agreement collective in a world of one): what the hooks alone cost a step.
 
     python -m bench.plainloop_overhead [--quick] [--reps N]
 """
@@ -27,20 +29,16 @@ WITH = "with shim"
 WITHOUT = "without shim"
 BUCKET = "bench-plainloop"
 WARMUP_STEPS = 10
+TINY_MODEL = ["--hidden", "8", "--batch-size", "4"]
 
 
-def training_rate(work: Path, env: dict[str, str], steps: int) -> float:
+def training_rate(work: Path, env: dict[str, str], shape: list[str]) -> float:
     path = work / f"timeline-{time.monotonic_ns()}.jsonl"
     subprocess.run(
         [
             tool("torchrun"),
             "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "bench.loop_workload",
-            "--steps",
-            str(steps),
+            *shape,
             "--timeline",
             str(path),
         ],
@@ -53,35 +51,53 @@ def training_rate(work: Path, env: dict[str, str], steps: int) -> float:
     return timeline.steps_per_second(timeline.read(path), skip=WARMUP_STEPS)
 
 
+def shapes(quick: bool) -> list[tuple[str, list[str]]]:
+    """(case, torchrun arguments): the 20 steps/s DDP loop, and one rank of tiny steps."""
+    steps = 100 if quick else 200
+    tiny = 1000 if quick else 3000
+    workload = ["-m", "bench.loop_workload"]
+    return [
+        (
+            f"plain DDP loop, 2 ranks gloo, {steps} steps",
+            ["--nproc-per-node", "2", *workload, "--steps", str(steps)],
+        ),
+        (
+            f"hooks alone: 1 rank, tiny model, {tiny} steps",
+            ["--nproc-per-node", "1", *workload, "--steps", str(tiny), *TINY_MODEL],
+        ),
+    ]
+
+
 def run(options: BenchOptions) -> list[Case]:
     from local.s3server import LocalS3
 
     reps = options.repetitions(5, 3)
-    steps = 100 if options.quick else 200
-    samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
+    cases = []
     with tempfile.TemporaryDirectory(prefix="bench-plainloop-") as tmp, LocalS3() as s3:
         s3.create_bucket(BUCKET)
         work = Path(tmp)
         with JitckptNode(work / "node", f"s3://{BUCKET}/bench/loop", s3.credentials_env()) as node:
             order = ((WITH, node.trainer_env()), (WITHOUT, node.trainer_env_without_shim()))
-            for rep in range(reps):
-                for subject, env in order if rep % 2 == 0 else order[::-1]:
-                    samples[subject].append(training_rate(work, env, steps))
-    return [
-        Case(
-            benchmark=NAME,
-            case=f"plain DDP loop, 2 ranks gloo, {steps} steps",
-            metric="steps per second",
-            unit="steps/s",
-            lower_is_better=False,
-            series=[
-                Series(s, samples[s], {"steps": steps, "warmup": WARMUP_STEPS}) for s in samples
-            ],
-            reference=WITH,
-            note="plainloop_overhead: with shim = PYTHONPATH at the shim and JITCKPT_DIR set, "
-            "a real agent on LocalS3 behind it; the loop runs at about 20 steps/s without it",
-        )
-    ]
+            for label, shape in shapes(options.quick):
+                samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
+                for rep in range(reps):
+                    for subject, env in order if rep % 2 == 0 else order[::-1]:
+                        samples[subject].append(training_rate(work, env, shape))
+                cases.append(
+                    Case(
+                        benchmark=NAME,
+                        case=label,
+                        metric="steps per second",
+                        unit="steps/s",
+                        lower_is_better=False,
+                        series=[Series(s, samples[s], {"warmup": WARMUP_STEPS}) for s in samples],
+                        reference=WITH,
+                        note="plainloop_overhead: with shim = PYTHONPATH at the shim and "
+                        "JITCKPT_DIR set, a real agent on LocalS3 behind it; the DDP loop runs "
+                        "at about 20 steps/s without it",
+                    )
+                )
+    return cases
 
 
 if __name__ == "__main__":

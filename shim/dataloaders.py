@@ -208,7 +208,8 @@ class Tracker:
         self.replayed = False  # a planned pass was replayed (no starting over after that)
         self.last: Optional[Position] = None  # the pass the loop took a batch from last
         self.known_samplers: set = set()
-        self.shard_hooks: Dict[str, Callable[..., None]] = {}
+        # Accelerate only: what a shard's replayed pass with nothing left after the skip owes.
+        self.shard_skipped_whole: Optional[Callable[[Any], None]] = None
 
     # -- building ---------------------------------------------------------------
     def created_loader(self, loader: Any) -> None:
@@ -270,12 +271,6 @@ class Tracker:
         self.plans = {}
         for track in self.tracks.values():
             track.plan = None
-
-    def pending(self) -> bool:
-        """Some planned pass has not been replayed yet."""
-        if self.plans:
-            return True
-        return any(track.plan for track in self.tracks.values())
 
     # -- a pass begins -----------------------------------------------------------
     def begin(self, track: LoaderTrack, loader: Any, make: Callable[[], Any], shard: Any) -> Any:
@@ -365,8 +360,9 @@ class Tracker:
                     batch = next(inner)
                 except StopIteration:
                     position.exhausted = True
-                    if replay is not None and 0 < replay.yielded == position.yielded:
-                        self._shard_done(shard)
+                    skipped_whole = replay is not None and 0 < replay.yielded == position.yielded
+                    if skipped_whole and self.shard_skipped_whole is not None:
+                        self.shard_skipped_whole(shard)
                     return
                 self._took(position)
                 yield batch
@@ -374,12 +370,6 @@ class Tracker:
             close = getattr(inner, "close", None)
             if close is not None:
                 close()
-
-    def _shard_done(self, shard: Any) -> None:
-        """The replayed pass of a shard had nothing left after the skip."""
-        hook = self.shard_hooks.get("pass_skipped_whole")
-        if hook is not None:
-            hook(shard)
 
     # -- batches ---------------------------------------------------------------
     def next_batch(self, iterator: Any, original: Callable[[Any], Any]) -> Any:
@@ -647,7 +637,7 @@ def install_accelerate(module: Any) -> None:
         # the first run's pass did, the replayed one had nothing left after the skip.
         shard.iteration = int(shard.iteration) + 1
 
-    TRACKER.shard_hooks["pass_skipped_whole"] = pass_skipped_whole
+    TRACKER.shard_skipped_whole = pass_skipped_whole
     shard_cls.__iter__ = __iter__
     shard_cls._jitckpt_patched = True
     dispatcher = getattr(module, "DataLoaderDispatcher", None)

@@ -22,6 +22,7 @@ from tests.shim.support import PYTHON, ShimEnv, Spawn, checkpoint_steps
 SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"
 SHUFFLED = SCRIPTS / "loop_shuffled.py"
 CYCLE = SCRIPTS / "loop_cycle.py"
+ACCELERATE = SCRIPTS / "loop_accelerate.py"
 HOLD = "JITCKPT_DEMO_HOLD_AT_STEP"
 
 
@@ -81,6 +82,24 @@ def test_shuffled_loop_with_workers_and_dropout_resumes_bitwise(
     assert_bitwise_equal(tmp_path / "resumed.pt", tmp_path / "reference.pt")
     # The losses printed after the resume are the uninterrupted run's, batch for batch.
     assert losses(output) == losses(reference.output())[step:]
+
+
+@pytest.mark.slow
+def test_accelerate_loop_stopped_at_an_epoch_end_resumes_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """The save point is the request that ends the pass: the resumed pass has nothing left."""
+    args = [PYTHON, str(ACCELERATE)]
+    reference = spawn([*args, "--output", str(tmp_path / "reference.pt")], shim_env.without_shim())
+    cut = spawn([*args, "--output", str(tmp_path / "cut.pt")], {**shim_env.env, HOLD: "8"})
+    cut.wait_for("holding at step 8 ", timeout=180)  # 24 batches, 3 per step: an epoch's end
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    resumed = spawn([*args, "--output", str(tmp_path / "resumed.pt")], shim_env.env)
+    assert resumed.wait(timeout=180) == 0, resumed.output()[-3000:]
+    assert "resumed at step 8: DataLoader #1, pass 0, after batch 24" in resumed.output()
+    assert reference.wait(timeout=180) == 0
+    assert_bitwise_equal(tmp_path / "resumed.pt", tmp_path / "reference.pt")
 
 
 @pytest.mark.slow
