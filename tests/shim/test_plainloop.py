@@ -164,3 +164,17 @@ def test_a_checkpoint_that_would_run_code_is_never_loaded(
     assert not marker.exists()
     assert "its state cannot be read" in run.output() and "training starts over" in run.output()
     assert len(losses(run.output())) == 10  # trained from the start
+
+
+@pytest.mark.slow
+def test_sigterm_after_the_last_step_acts_as_without_the_shim(
+    shim_env: ShimEnv, spawn: Spawn
+) -> None:
+    """No step boundary comes after the signal: the shim gives up waiting and lets it act."""
+    run = spawn([PYTHON, str(SCRIPTS / "loop_long_eval.py")], shim_env.env)
+    run.wait_for("training done; evaluating", timeout=180)
+    run.signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == -signal.SIGTERM  # the 600 s evaluation did not run out
+    assert "SIGTERM acts as without jitckpt" in run.output()
+    assert "evaluation done" not in run.output()
+    assert checkpoint_steps(shim_env.checkpoints) == []
