@@ -12,12 +12,13 @@ import json
 import os
 import random
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.shim.support import PYTHON, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, checkpoint_steps
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"
 SHUFFLED = SCRIPTS / "loop_shuffled.py"
@@ -178,3 +179,94 @@ def test_sigterm_after_the_last_step_acts_as_without_the_shim(
     assert "SIGTERM acts as without jitckpt" in run.output()
     assert "evaluation done" not in run.output()
     assert checkpoint_steps(shim_env.checkpoints) == []
+
+
+PROBLEMS = """
+import json
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
+from shim import dataloaders
+
+dataloaders.install(torch)
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+class EveryOther(Sampler):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(0, self.n, 2))
+
+    def __len__(self):
+        return self.n // 2
+
+
+data = TensorDataset(torch.randn(8, 2))
+loaders = {
+    "plain": DataLoader(data, batch_size=2, shuffle=True),
+    "iterable": DataLoader(Stream(), batch_size=2),
+    "persistent": DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True),
+    "own sampler": DataLoader(data, batch_size=2, sampler=EveryOther(8)),
+}
+tracks = {name: loader.__dict__[dataloaders.ATTR_TRACK] for name, loader in loaders.items()}
+print(json.dumps({name: track.problem for name, track in tracks.items()}))
+"""
+
+
+def test_loaders_whose_place_cannot_be_replayed_are_named(shim_env: ShimEnv) -> None:
+    done = subprocess.run(
+        [PYTHON, "-c", PROBLEMS],
+        env=shim_env.without_shim(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    problems = json.loads(done.stdout.splitlines()[-1])
+    assert problems["plain"] is None
+    assert "IterableDataset" in problems["iterable"]
+    assert "persistent DataLoader workers" in problems["persistent"]
+    assert "sampler EveryOther" in problems["own sampler"]
+
+
+TWO_RATES = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4, shuffle=True)
+critic, generator = nn.Linear(4, 1), nn.Linear(4, 4)
+critic_opt = torch.optim.SGD(critic.parameters(), lr=0.01)
+generator_opt = torch.optim.SGD(generator.parameters(), lr=0.01)
+for step, (real,) in enumerate(loader):
+    critic_opt.zero_grad()
+    (critic(generator(real).detach()).mean() - critic(real).mean()).backward()
+    critic_opt.step()
+    if step % 3 == 2:  # the generator steps once every 3 critic steps
+        generator_opt.zero_grad()
+        (-critic(generator(real)).mean()).backward()
+        generator_opt.step()
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_optimizers_at_different_rates_are_not_followed(shim_env: ShimEnv) -> None:
+    done = subprocess.run(
+        [PYTHON, "-c", TWO_RATES],
+        env=shim_env.env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    assert "trained" in done.stdout
+    assert "cannot be resumed exactly (two optimizers step at different rates)" in done.stderr
