@@ -20,7 +20,12 @@ methods of the base ``Trainer`` class, so subclasses get them through
 
 The save itself is HF's own ``_save_checkpoint``, asked for through
 ``control.should_save``; transformers' ``enable_jit_checkpoint`` is not used
-(it saves without rank agreement and lets ``train()`` return).
+(it saves without rank agreement and lets ``train()`` return). Periodic saves
+are written behind the training loop where the configuration allows it
+(``hfsaves``, ``asyncsave``): ``_save_checkpoint`` is wrapped so its writes are
+snapshotted and made in the background, and the checkpoint is staged once
+every rank has written it; a JIT save is synchronous and supersedes a
+periodic one still being written.
 Everything is feature-detected: a transformers without what is needed here
 gets no integration and one message, and trains as if the shim were absent.
 """
@@ -34,7 +39,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import claim, dist, final, watcher
+from . import asyncsave, claim, dist, final, hfsaves, watcher
 from .config import ShimConfig
 from .layout import CHECKPOINT_PREFIX, step_of
 from .log import failed, say_once
@@ -78,6 +83,9 @@ class TrainerSession:
         self.run = TrainingRun(config, FRAMEWORK, HF_STATE_FILE)
         self.original_output_dir: Optional[str] = getattr(trainer.args, "output_dir", None)
         self.trained = False  # the last train() returned normally: saves from now on are final
+        self.callback_type: type = type(None)  # the JitCallback class attached to this Trainer
+        self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
+        self._saves_decided = False
 
     # -- where checkpoints go -------------------------------------------------
     def redirect(self, run_dir: str) -> str:
@@ -118,9 +126,46 @@ class TrainerSession:
         user's ``save_model()`` writes after ``train()``.
         """
         kind = KIND_JIT if self.run.jit_step == step else KIND_PERIODIC
+        if kind == KIND_PERIODIC and self.saves is not None and self.saves.pending(step):
+            self.stage_written(block=False)  # being written: staged once every rank wrote it
+            return
         self.run.stage(self.checkpoint_dir(step), step, kind)
         if kind == KIND_JIT:
             self.run.exit_after_jit(*self.position())
+
+    # -- periodic saves behind the loop ---------------------------------------------
+    def save_checkpoint(self, save: Callable[[], Any]) -> Any:
+        """HF's ``_save_checkpoint`` (``save``): in the background when it can be.
+
+        Collective, like HF's save: every rank calls it at the same step.
+        """
+        if not self._saves_decided:
+            self._saves_decided = True
+            self.saves = hfsaves.background_saves(self.trainer, self.callback_type)
+        saves = self.saves
+        if saves is None:
+            return save()
+        step = int(self.trainer.state.global_step)
+        if self.run.jit_step == step:
+            saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
+            return save()
+        self.stage_written(block=True)  # one save in flight: wait for it, hand it over
+        return saves.save(self.checkpoint_dir(step), step, save)
+
+    def stage_written(self, block: bool) -> None:
+        """Collective: stage the periodic checkpoint written in the background, once every
+        rank's writer is done (``block``: wait for this rank's first)."""
+        if self.saves is not None:
+            self.saves.agree_and_stage(self._stage_periodic, block)
+
+    def training_ended(self, normally: bool) -> None:
+        """``train()`` is over: what is still being written is written, and staged when the
+        ranks can agree (a normal end: every rank is here)."""
+        if self.saves is not None:
+            self.saves.finish(self._stage_periodic, normally)
+
+    def _stage_periodic(self, directory: str, step: int) -> None:
+        self.run.stage(directory, step, KIND_PERIODIC)
 
     # -- the final model --------------------------------------------------------
     def final_target(self, output_dir: Any) -> Optional[str]:
@@ -166,6 +211,11 @@ def _make_callback(base: type) -> type:
                 control.should_save = True
                 control.should_training_stop = True
                 control.should_evaluate = False
+            else:
+                try:
+                    self._session.stage_written(block=False)
+                except Exception as exc:
+                    failed("staging a checkpoint written in the background", exc)
             return control
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -199,6 +249,7 @@ def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
         say_once(
             "output-dir", "this Trainer has no _get_output_dir: checkpoints stay in output_dir"
         )
+    session.callback_type = callback_type
     trainer.add_callback(callback_type(session))
     session.run.start(lambda: int(trainer.state.global_step))
 
@@ -275,9 +326,15 @@ def install(module: ModuleType, config: ShimConfig) -> None:
             session.trained = False
             session.run.training_again()
             FLAG.armed = config.jit
+            normally = False
             try:
                 result = original(self, *args, **kwargs)
+                normally = True
             finally:
+                try:
+                    session.training_ended(normally)
+                except Exception as exc:
+                    failed("finishing the checkpoint written in the background", exc)
                 FLAG.armed = False
                 if FLAG.raised and session.run.jit_step is None:
                     # SIGTERM came after the last step boundary: act as if it came now.
@@ -288,6 +345,15 @@ def install(module: ModuleType, config: ShimConfig) -> None:
             return result
 
         return train
+
+    def make_save_checkpoint(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+            session: Optional[TrainerSession] = getattr(self, ATTRIBUTE, None)
+            if session is None:
+                return original(self, *args, **kwargs)
+            return session.save_checkpoint(lambda: original(self, *args, **kwargs))
+
+        return _save_checkpoint
 
     def make_output_dir(original: Callable[..., Any]) -> Callable[..., Any]:
         def _get_output_dir(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -325,4 +391,6 @@ def install(module: ModuleType, config: ShimConfig) -> None:
         _wrap(trainer_cls, "save_model", make_save_model)
     if hasattr(trainer_cls, "_get_output_dir"):
         _wrap(trainer_cls, "_get_output_dir", make_output_dir)
+    if hasattr(trainer_cls, "_save_checkpoint"):
+        _wrap(trainer_cls, "_save_checkpoint", make_save_checkpoint)
     trainer_cls._jitckpt_patched = True

@@ -1,0 +1,449 @@
+"""Periodic saves that do not stall training: snapshot at the step boundary, write behind it.
+
+A framework's own save runs at the step boundary as it always does, inside
+``BackgroundSaves.capture``. While it runs, the few functions that write
+tensor files (``torch.save``, safetensors' ``save_file``: the bindings the
+integration names) do not write: each call's arguments are copied to host
+memory (pinned when they live on a GPU; views of one storage stay views of one
+copy, so the bytes written are the same) and the call is queued. Calls the
+integration marks as "after" (the framework's own "this checkpoint is
+complete" file, its rotation of old checkpoints) are queued too, in order.
+Everything else the save does (config files, small state) happens at once,
+as usual. When the save returns, training goes on and one writer thread makes
+the queued calls, in the order the save made them, with the framework's own
+functions: the files are what the synchronous save writes.
+
+The checkpoint is handed to the sidecar only once every rank's writer is done
+(``at_step_end``, agreed by all ranks), so a writer that fails or a process
+killed mid-write never stages a checkpoint; the framework's completion file is
+written last, so a local resume never picks a half-written one either.
+
+Bounds: one save in flight (the next one waits for it, and that wait is part
+of the step's stall); the snapshot's host memory is limited (half of what the
+container has available, or ``JITCKPT_SNAPSHOT_BYTES``) and a write that would
+exceed it happens synchronously instead; the copy is released as soon as it is
+written. A JIT stop supersedes a save in flight (its writer stops after the
+file it is writing and the partial directory is removed): the JIT checkpoint is
+newer; one every rank had already written is still staged, as a fallback.
+``JITCKPT_ASYNC_SAVE=false`` keeps every save synchronous.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import dist
+from .log import failed, say, say_once
+
+ENV_ASYNC_SAVE = "JITCKPT_ASYNC_SAVE"
+ENV_SNAPSHOT_BYTES = "JITCKPT_SNAPSHOT_BYTES"
+# A write smaller than this is made at once (RNG states, scheduler, arguments): it costs less
+# than copying it would.
+MIN_DEFERRED_BYTES = 64 * 1024
+# Values of the written agreement (all-reduce MIN over ranks).
+_WRITING, _FAILED, _WRITTEN = 0, 1, 2
+MB = 1e6
+
+Call = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_ASYNC_SAVE, "").strip().lower() not in ("false", "0", "no", "off")
+
+
+class Unsupported(Exception):
+    """An argument the snapshot cannot copy faithfully: that call is made at once."""
+
+
+# -- the snapshot -----------------------------------------------------------------
+
+
+def _storages(obj: Any, found: Dict[Any, Any]) -> None:
+    """Every tensor storage ``obj`` reaches, keyed by identity; raises on what it cannot copy."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor or obj.layout != torch.strided or obj.is_quantized:
+            raise Unsupported("a %s tensor" % type(obj).__name__)
+        if obj.device.type not in ("cpu", "cuda"):
+            raise Unsupported("a tensor on %s" % obj.device)
+        storage = obj.untyped_storage()
+        found[_key(obj)] = storage
+    elif isinstance(obj, (dict, list, tuple)):
+        if type(obj) not in (dict, list, tuple) and not _is_ordered_dict(obj):
+            raise Unsupported("a %s" % type(obj).__name__)
+        for item in obj.values() if isinstance(obj, dict) else obj:
+            _storages(item, found)
+        if isinstance(obj, dict):
+            for key in obj:
+                _storages(key, found)
+    elif not _immutable(obj):
+        raise Unsupported("a %s" % type(obj).__name__)
+
+
+def _key(tensor: Any) -> Tuple[str, int, int]:
+    """A storage's identity while it lives: tensors that share one get one copy."""
+    storage = tensor.untyped_storage()
+    return (str(tensor.device), storage.data_ptr(), storage.nbytes())
+
+
+def _is_ordered_dict(obj: Any) -> bool:
+    import collections
+
+    return type(obj) is collections.OrderedDict
+
+
+def _immutable(obj: Any) -> bool:
+    import torch
+
+    return obj is None or isinstance(
+        obj,
+        (str, bytes, int, float, complex, bool, os.PathLike, torch.dtype, torch.device, torch.Size),
+    )
+
+
+class Snapshot:
+    """Host copies of the storages a save's arguments reach, and the arguments rebuilt on them."""
+
+    def __init__(self) -> None:
+        self.copies: Dict[Any, Any] = {}
+        self.nbytes = 0
+        self.event: Any = None  # a CUDA event after the device-to-host copies, when any
+
+    def take(self, storages: Dict[Any, Any]) -> None:
+        import torch
+
+        on_gpu = False
+        for key, storage in storages.items():
+            if key in self.copies:
+                continue
+            if storage.device.type == "cuda":
+                on_gpu = True
+                host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+                copied = host.untyped_storage()
+                copied.copy_(storage, non_blocking=True)
+            else:
+                copied = storage.clone()
+            self.copies[key] = copied
+            self.nbytes += storage.nbytes()
+        if on_gpu:
+            # Queued on the training stream: the next step's kernels run after the copies.
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def rebuild(self, obj: Any) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            copied = self.copies[_key(obj)]
+            out = torch.empty(0, dtype=obj.dtype, device=copied.device)
+            out.set_(copied, obj.storage_offset(), obj.size(), obj.stride())
+            return out
+        if isinstance(obj, dict):
+            rebuilt = type(obj)()
+            for key, value in obj.items():
+                rebuilt[self.rebuild(key)] = self.rebuild(value)
+            return rebuilt
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.rebuild(item) for item in obj)
+        return obj
+
+    def ready(self) -> None:
+        """Block until the device-to-host copies are done (the writer calls it first)."""
+        if self.event is not None:
+            self.event.synchronize()
+
+
+# -- one save -----------------------------------------------------------------------
+
+
+class SaveJob:
+    """The calls one save deferred, and what became of them."""
+
+    def __init__(self, directory: str, step: int) -> None:
+        self.directory = directory
+        self.step = step
+        self.calls: List[Call] = []
+        self.snapshots: List[Snapshot] = []
+        self.copy_seconds = 0.0
+        self.write_seconds = 0.0
+        self.state = _WRITING
+        self.error: Optional[BaseException] = None
+        self.cancel = threading.Event()
+        self.done = threading.Event()
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return sum(s.nbytes for s in self.snapshots)
+
+    def write(self) -> None:
+        """The writer thread: every deferred call in order, then the snapshot is let go."""
+        started = time.monotonic()
+        try:
+            for snapshot in self.snapshots:
+                snapshot.ready()
+            for function, args, kwargs in self.calls:
+                if self.cancel.is_set():
+                    self.state = _FAILED
+                    return
+                function(*args, **kwargs)
+            self.state = _WRITTEN
+        except BaseException as exc:  # a failed write must not end the process
+            self.error = exc
+            self.state = _FAILED
+        finally:
+            self.write_seconds = time.monotonic() - started
+            self.calls = []
+            self.snapshots = []
+            self.done.set()
+
+
+class _Binding:
+    """One function the integration intercepts: ``owner.name``, a write or an "after" call."""
+
+    def __init__(self, owner: Any, name: str, after: bool) -> None:
+        self.owner = owner
+        self.name = name
+        self.after = after
+
+
+class BackgroundSaves:
+    """One process's background saves: at most one in flight, staged once every rank wrote it."""
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+        self._bindings: List[_Binding] = []
+        self._job: Optional[SaveJob] = None  # deferred writes in flight or not yet staged
+        self._thread: Optional[threading.Thread] = None
+        self._capturing: Optional[SaveJob] = None
+        self._capture_thread = 0
+        self._budget = 0
+        self.held_bytes = 0  # host memory the snapshot holds right now
+        self.waited_seconds = 0.0  # the last save's wait for the one before it
+
+    # -- set up by the integration ----------------------------------------------
+    def intercept(self, owner: Any, name: str, after: bool = False) -> None:
+        """Defer ``owner.name`` during a capture: a write (tensor arguments snapshotted, or
+        made at once when small or not copyable), or with ``after`` a call made after the
+        writes (its arguments deep-copied now: they are small)."""
+        if owner is not None and callable(getattr(owner, name, None)):
+            self._bindings.append(_Binding(owner, name, after))
+
+    # -- the save at the step boundary ------------------------------------------
+    def pending(self, step: int) -> bool:
+        """Whether ``checkpoint-<step>`` is being written (or written, not yet staged) here."""
+        job = self._job
+        return job is not None and job.step == step
+
+    def wait(self) -> None:
+        """Block until the save in flight is written (one save at a time)."""
+        started = time.monotonic()
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        self.waited_seconds = time.monotonic() - started
+
+    def save(self, directory: str, step: int, save: Callable[[], Any]) -> Any:
+        """Run the framework's ``save`` for ``checkpoint-<step>`` with its writes deferred, then
+        start writing them behind the training loop. The caller waited and staged the save
+        before this one (``wait``, ``agree_and_stage``)."""
+        job = SaveJob(directory, step)
+        self._budget = memory_budget()
+        self._capturing, self._capture_thread = job, threading.get_ident()
+        originals = [(b, getattr(b.owner, b.name)) for b in self._bindings]
+        try:
+            for binding, original in originals:
+                setattr(binding.owner, binding.name, self._wrapper(binding, original))
+            result = save()
+        finally:
+            for binding, original in originals:
+                setattr(binding.owner, binding.name, original)
+            self._capturing = None
+        if not job.calls:
+            return result  # nothing deferred: the save was synchronous after all
+        self._job = job
+        self.held_bytes = job.snapshot_bytes
+        self._thread = threading.Thread(
+            target=self._write, args=(job,), name="jitckpt-writer", daemon=True
+        )
+        self._thread.start()
+        return result
+
+    def _wrapper(self, binding: _Binding, original: Callable[..., Any]) -> Callable[..., Any]:
+        def deferred(*args: Any, **kwargs: Any) -> Any:
+            job = self._capturing
+            if job is None or threading.get_ident() != self._capture_thread:
+                return original(*args, **kwargs)  # another thread, or the capture is over
+            if binding.after:
+                job.calls.append((original, copy.deepcopy(args), copy.deepcopy(kwargs)))
+                return None
+            return self._defer_write(job, original, args, kwargs)
+
+        return deferred
+
+    def _defer_write(
+        self,
+        job: SaveJob,
+        original: Callable[..., Any],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+    ) -> Any:
+        target = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("filename"))
+        if not isinstance(target, (str, os.PathLike)):
+            return original(*args, **kwargs)  # a buffer or an open file: now
+        storages: Dict[Any, Any] = {}
+        try:
+            _storages((args, kwargs), storages)
+        except Unsupported:
+            return original(*args, **kwargs)  # small objects (arguments, RNG states): now
+        size = sum(s.nbytes() for s in storages.values())
+        if size < MIN_DEFERRED_BYTES:
+            return original(*args, **kwargs)
+        if self.held_bytes + job.snapshot_bytes + size > self._budget:
+            say_once(
+                "snapshot-budget",
+                "a checkpoint needs more host memory than the %.0f MB a snapshot may take "
+                "(%s): those files are written synchronously"
+                % (self._budget / MB, ENV_SNAPSHOT_BYTES),
+            )
+            return original(*args, **kwargs)
+        started = time.monotonic()
+        try:
+            snapshot = Snapshot()
+            snapshot.take(storages)
+            call = (original, snapshot.rebuild(args), snapshot.rebuild(kwargs))
+        except Exception as exc:  # out of (pinned) memory, say: this file is written now
+            failed("snapshotting %s" % target, exc)
+            return original(*args, **kwargs)
+        job.snapshots.append(snapshot)
+        job.calls.append(call)
+        job.copy_seconds += time.monotonic() - started
+        return None
+
+    def _write(self, job: SaveJob) -> None:
+        snapshot_bytes = job.snapshot_bytes
+        job.write()
+        self.held_bytes = 0
+        if job.state == _WRITTEN:
+            say(
+                "checkpoint-%d written behind the training loop: a %.1f MB snapshot in host "
+                "memory (copied in %.3f s, released after a %.2f s write)"
+                % (job.step, snapshot_bytes / MB, job.copy_seconds, job.write_seconds)
+            )
+        elif job.error is not None:
+            say(
+                "writing checkpoint-%d in the background failed (%s: %s): it is not staged"
+                % (job.step, type(job.error).__name__, job.error)
+            )
+
+    # -- after the save -------------------------------------------------------------
+    def agree_and_stage(self, stage: Callable[[str, int], None], block: bool) -> None:
+        """Collective while a save is pending (every rank has one, from the same step):
+        once every rank's writer is done, stage it (``stage(directory, step)``) or, if
+        any rank failed, drop it. ``block``: wait for this rank's writer first."""
+        job = self._job
+        if job is None:
+            return
+        if block:
+            self.wait()
+        mine = job.state if job.done.is_set() else _WRITING
+        agreed = dist.all_reduce_int(mine, maximum=False)
+        if agreed == _WRITING:
+            return
+        self._job = None
+        if agreed == _WRITTEN:
+            stage(job.directory, job.step)
+        else:
+            say("checkpoint-%d was not written on every rank: not staged" % job.step)
+            _remove(job.directory)
+
+    def supersede(self, stage: Callable[[str, int], None]) -> None:
+        """Collective: a JIT save is next, newer than the save in flight, whose writer stops
+        after the file it is writing. A save every rank had written already is still
+        staged (a fallback should the JIT checkpoint not make it); any other is dropped."""
+        job = self._job
+        if job is None:
+            return
+        job.cancel.set()
+        self.wait()
+        if job.state != _WRITTEN:
+            say("checkpoint-%d was being written when the JIT save began: dropped" % job.step)
+        self.agree_and_stage(stage, block=True)
+
+    def finish(self, stage: Callable[[str, int], None], collective: bool) -> None:
+        """Training ended: write what is in flight, and stage it when the ranks can agree
+        (``collective``: every rank ends here too; a world of one always can)."""
+        if self._job is None:
+            return
+        self.wait()
+        if collective or dist.ranks()["world_size"] <= 1:
+            self.agree_and_stage(stage, block=True)
+        else:
+            say_once(
+                "unstaged-at-exit",
+                "checkpoint-%d was written but training stopped on an error before the "
+                "ranks agreed to stage it" % self._job.step,
+            )
+
+
+def _remove(directory: str) -> None:
+    """A checkpoint directory that was never completed (every rank may remove it at once)."""
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- how much host memory a snapshot may take -----------------------------------------
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path) as handle:
+            raw = handle.read().strip()
+    except OSError:
+        return None
+    return int(raw) if raw.isdigit() else None
+
+
+def _meminfo_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_available() -> Optional[int]:
+    """What the container's memory limit leaves (cgroup v2, then v1); None without a limit."""
+    for limit_path, usage_path in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        limit, usage = _read_int(limit_path), _read_int(usage_path)
+        if limit is not None and usage is not None and limit < 1 << 60:
+            return max(0, limit - usage)
+    return None
+
+
+def memory_budget() -> int:
+    """Bytes a snapshot may hold: ``JITCKPT_SNAPSHOT_BYTES``, else half of what is available."""
+    raw = os.environ.get(ENV_SNAPSHOT_BYTES, "").strip()
+    if raw:
+        if raw.isdigit():
+            return int(raw)
+        say_once(
+            "env:" + ENV_SNAPSHOT_BYTES,
+            "ignoring %s=%r: not a byte count" % (ENV_SNAPSHOT_BYTES, raw),
+        )
+    available = [v for v in (_meminfo_available(), _cgroup_available()) if v is not None]
+    return min(available) // 2 if available else 0

@@ -1,0 +1,229 @@
+"""Periodic HF saves written behind the training loop: the same files, a correct JIT stop,
+the snapshot released, and no checkpoint staged from a writer that did not finish.
+
+A slow disk is made with a FIFO planted where HF will write a checkpoint's
+``trainer_state.json`` (the last file it writes, through Python's ``open``, which
+lets other threads run while it waits): the background writer blocks in
+``open`` until the test reads it, so "a save in flight" lasts exactly as long
+as the test needs.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import signal
+import threading
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+from shim import asyncsave
+from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.test_trainer import assert_same_weights
+from tests.shim.test_with_agent import uploaded
+from tests.sidecar.agentproc import AgentProcess
+
+HF_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "rng_state.pth",
+    "scheduler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+}
+
+
+def _drain_fifo(path: Path, into: list[bytes] | None = None) -> threading.Thread:
+    """Open ``path`` for reading (unblocking its writer) and read it to the end, in a thread."""
+
+    def read() -> None:
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                if into is not None:
+                    into.append(chunk)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _plant_fifo(checkpoints: Path, step: int, name: str = "trainer_state.json") -> Path:
+    directory = checkpoints / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    fifo = directory / name
+    os.mkfifo(fifo)
+    return fifo
+
+
+def test_background_save_writes_what_hf_writes_and_resumes_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"  # the same output_dir for every run: training_args.bin names it
+    common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "9", "--save-steps", "3"]
+    sync_env = ShimEnv(tmp_path / "sync")
+    sync = spawn(
+        [PYTHON, *common, "--final-weights", str(tmp_path / "sync.pt")],
+        {**sync_env.env, asyncsave.ENV_ASYNC_SAVE: "false"},
+    )
+    assert sync.wait() == 0, sync.output()
+    assert "periodic checkpoints are saved synchronously: JITCKPT_ASYNC_SAVE is false" in (
+        sync.output()
+    )
+    background = spawn(
+        [PYTHON, *common, "--final-weights", str(tmp_path / "async.pt")], shim_env.env
+    )
+    assert background.wait() == 0, background.output()
+    output = background.output()
+    assert "periodic checkpoints are written behind the training loop" in output
+    for step in (3, 6, 9):
+        assert f"checkpoint-{step} written behind the training loop" in output
+    assert checkpoint_steps(shim_env.checkpoints) == [3, 6, 9]
+    # Byte for byte what HF's synchronous save wrote, file by file.
+    for step in (3, 6, 9):
+        mine = shim_env.checkpoints / f"checkpoint-{step}"
+        theirs = sync_env.checkpoints / f"checkpoint-{step}"
+        assert {p.name for p in mine.iterdir()} == HF_FILES
+        for name in HF_FILES:
+            assert (mine / name).read_bytes() == (theirs / name).read_bytes(), (step, name)
+    assert_same_weights(tmp_path / "async.pt", tmp_path / "sync.pt")
+
+    # Plain HF (no shim) resumes from the checkpoint written in the background: the same
+    # weights as the run that was never interrupted.
+    resumed = spawn(
+        [
+            PYTHON,
+            *common,
+            "--resume",
+            str(shim_env.checkpoints / "checkpoint-6"),
+            "--final-weights",
+            str(tmp_path / "resumed.pt"),
+        ],
+        shim_env.without_shim(),
+    )
+    assert resumed.wait() == 0, resumed.output()
+    assert_same_weights(tmp_path / "resumed.pt", tmp_path / "sync.pt")
+
+
+@pytest.mark.slow
+def test_jit_stop_during_a_background_save_commits_a_correct_jit_checkpoint(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12"]
+    reference = spawn(
+        [PYTHON, *common, "--final-weights", str(tmp_path / "reference.pt")],
+        shim_env.without_shim(),
+    )
+    fifo = _plant_fifo(shim_env.checkpoints, 4)
+    cut = spawn([PYTHON, *common, "--save-steps", "4", "--step-sleep", "0.3"], shim_env.env)
+    # checkpoint-4's writer is stuck on the slow disk while training goes on.
+    cut.wait_for("rank 0 step 5/", timeout=120)
+    cut.signal(signal.SIGTERM)
+    cut.wait_for("for a JIT checkpoint", timeout=60)
+    reader = _drain_fifo(fifo)
+    assert cut.wait() == 143, cut.output()
+    reader.join(30)
+    output = cut.output()
+    jit_step = int(output.split("stopping at step ")[1].split(" ")[0])
+    assert jit_step in (5, 6)
+    assert "checkpoint-4 was being written when the JIT save began: dropped" in output
+    assert "periodic checkpoint-4 handed to the sidecar" not in output
+    assert f"jit checkpoint-{jit_step} handed to the sidecar" in output
+    # The partial checkpoint-4 is gone; the JIT one is complete, committed, alone in the store.
+    assert checkpoint_steps(shim_env.checkpoints) == [jit_step]
+    agent.wait_for(lambda: agent.committed_step() == jit_step, 60, "the JIT commit")
+    assert set(uploaded(local_s3, agent.destination)) == {jit_step}  # type: ignore[arg-type]
+    assert reference.wait() == 0, reference.output()
+
+    # The next run resumes from the JIT checkpoint and ends where the uninterrupted one did.
+    resumed = spawn(
+        [PYTHON, *common, "--final-weights", str(tmp_path / "resumed.pt")], shim_env.env
+    )
+    assert resumed.wait() == 0, resumed.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-{jit_step}" in resumed.output()
+    assert_same_weights(tmp_path / "resumed.pt", tmp_path / "reference.pt")
+
+
+@pytest.mark.slow
+def test_a_writer_killed_mid_write_stages_nothing_and_is_never_resumed(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
+    fifo = _plant_fifo(shim_env.checkpoints, 8)
+    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], shim_env.env)
+    run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=120)
+    run.wait_for("rank 0 step 9/", timeout=120)  # checkpoint-8's writer is stuck in open()
+    run.signal(signal.SIGKILL)
+    run.wait()
+    output = run.output()
+    assert "checkpoint-8" not in "".join(
+        line for line in output.splitlines() if "handed to the sidecar" in line
+    )
+    # The writer was killed before trainer_state.json (HF's completion mark, written last).
+    assert (shim_env.checkpoints / "checkpoint-8" / "model.safetensors").is_file()
+    assert not (shim_env.checkpoints / "checkpoint-8" / "trainer_state.json").is_file()
+    agent.wait_for(lambda: agent.committed_step() == 4, 60, "checkpoint-4 committed")
+    assert "accepted checkpoint-8" not in agent.log()
+    assert set(uploaded(local_s3, agent.destination)) == {4}  # type: ignore[arg-type]
+    fifo.unlink()
+
+    # The container restarts in the same pod: it resumes from checkpoint-4, never the torn 8.
+    again = spawn([PYTHON, *common, "--final-weights", str(tmp_path / "again.pt")], shim_env.env)
+    assert again.wait() == 0, again.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-4" in again.output()
+
+
+class Disk:
+    """A framework's tensor writer, as the integration names it (``saves.intercept``)."""
+
+    @staticmethod
+    def write(tensors: dict[str, torch.Tensor], path: Path) -> None:
+        with open(path, "wb") as handle:  # Python's open: other threads run while it waits
+            torch.save(tensors, handle)
+
+
+def test_the_snapshot_is_released_once_written(tmp_path: Path) -> None:
+    """In process: while the write is held by the slow disk the copy is held and counted;
+    once written, nothing refers to it and the count is zero."""
+    saves = asyncsave.BackgroundSaves("test")
+    saves.intercept(Disk, "write")
+    directory = tmp_path / "checkpoint-1"
+    fifo = _plant_fifo(tmp_path, 1, "weights.pt")
+    live = {"weight": torch.arange(1 << 18, dtype=torch.float32)}
+    live["view"] = live["weight"][10:20]  # a view of the same storage: one copy, one storage
+
+    saves.save(str(directory), 1, lambda: Disk.write(live, fifo))
+    assert saves.pending(1)
+    assert saves.held_bytes == live["weight"].untyped_storage().nbytes()
+    job = saves._job
+    assert job is not None
+    _, args, _ = job.calls[0]
+    copied = args[0]
+    assert (
+        copied["view"].untyped_storage().data_ptr() == copied["weight"].untyped_storage().data_ptr()
+    )
+    assert (
+        copied["weight"].untyped_storage().data_ptr() != live["weight"].untyped_storage().data_ptr()
+    )
+    live["weight"].add_(1.0)  # training goes on: the copy keeps the saved values
+    reference = [weakref.ref(copied["weight"]), weakref.ref(copied["view"])]
+    del copied, args, job
+    written: list[bytes] = []
+    reader = _drain_fifo(fifo, written)
+    saves.wait()
+    reader.join(30)
+    saved = torch.load(io.BytesIO(b"".join(written)), weights_only=True)
+    assert torch.equal(saved["weight"], torch.arange(1 << 18, dtype=torch.float32))
+    gc.collect()
+    assert saves.held_bytes == 0
+    assert [ref() for ref in reference] == [None, None]
+    staged: list[tuple[str, int]] = []
+    saves.agree_and_stage(lambda path, step: staged.append((path, step)), block=True)
+    assert staged == [(str(directory), 1)]
