@@ -91,6 +91,7 @@ def run_certs(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from webhook import gcpause
     from webhook.config import ConfigError, load_config
     from webhook.jsonlog import configure_logging
     from webhook.namespaces import NamespaceCache, NamespaceWatcher, kube_api_client
@@ -163,6 +164,7 @@ def run_serve(args: argparse.Namespace) -> int:
             "fields": {"host": args.host, "port": args.port, "kube_api": api_client is not None}
         },
     )
+    gcpause.settle()
     try:
         uvicorn.Server(server_config).run()
     finally:
