@@ -41,8 +41,11 @@ NEW_ITERATOR_PER_BATCH = "a new iterator for every batch (next(iter(loader)))"
 class Listener:
     """What the controller is told (the default does nothing)."""
 
+    def prepare(self) -> None:
+        """A pass over a tracked loader is about to begin: the plans, if any, are due now."""
+
     def iteration_begins(self, track: "LoaderTrack") -> None:
-        """A pass over a tracked loader is about to begin."""
+        """A pass is about to begin and its plan was checked."""
 
     def before_batch(self, position: "Position", iterator: Any) -> None:
         """The loop asks for a batch (the save point and the resume point are here)."""
@@ -59,6 +62,7 @@ class Position:
 
     __slots__ = (
         "counts",
+        "epochs",
         "exhausted",
         "fed",
         "iteration",
@@ -86,6 +90,7 @@ class Position:
         self.fed = 0  # batches taken since the last optimizer step
         self.resume_here = False  # the next batch request is the resume point
         self.owner: Optional["weakref.ref[Any]"] = None  # what the loop iterates (held weakly)
+        self.epochs: List[int] = []  # the samplers' ``epoch`` at the pass's start (set_epoch)
 
 
 class LoaderPlan:
@@ -100,6 +105,7 @@ class LoaderPlan:
         self.start: Dict[str, Any] = saved["start"]
         self.training: List[List[int]] = [list(r) for r in saved["training"]]
         self.signature: Dict[str, Any] = saved["signature"]
+        self.epochs: Dict[int, List[int]] = dict(saved.get("epochs") or {})
 
     def trained(self, iteration: int) -> bool:
         return any(first <= iteration <= last for first, last in self.training)
@@ -115,6 +121,7 @@ class LoaderTrack:
         self.iterations = 0  # passes begun so far (the next one gets this number)
         self.current: Optional[Position] = None
         self.training: List[List[int]] = []  # [first, last] ranges of training passes
+        self.epochs: Dict[int, List[int]] = {}  # training pass -> its samplers' epochs
         self.plan: Optional[LoaderPlan] = None
         self.outer = False  # an Accelerate shard counts this loader's batches
         self.nested: Optional[tuple] = None  # (skip, resume) for the shard's next base pass
@@ -266,6 +273,7 @@ class Tracker:
             return
         track.plan = plan
         track.training = [list(r) for r in plan.training]
+        track.epochs = dict(plan.epochs)
 
     def drop_plans(self) -> None:
         self.plans = {}
@@ -275,8 +283,11 @@ class Tracker:
     # -- a pass begins -----------------------------------------------------------
     def begin(self, track: LoaderTrack, loader: Any, make: Callable[[], Any], shard: Any) -> Any:
         """Start pass number ``track.iterations`` (replayed, when the checkpoint says so)."""
-        self.listener.iteration_begins(track)
+        self.listener.prepare()
         number = track.iterations
+        epochs = _sampler_epochs(loader) if shard is None else []
+        self._check_epochs(track, number, epochs)
+        self.listener.iteration_begins(track)
         track.iterations += 1
         self._note_short_pass(track)
         plan = track.plan
@@ -303,6 +314,7 @@ class Tracker:
         else:
             position = Position(track, number, 0, _capture(roots, shard))
             skip, resume = None, False
+        position.epochs = epochs
         track.current = position
         if shard is not None:
             track.nested = (skip, resume) if skip is not None else None
@@ -317,6 +329,22 @@ class Tracker:
         except AttributeError:
             track.problem = "its iterator is a %s" % type(iterator).__name__
         return iterator
+
+    def _check_epochs(self, track: LoaderTrack, number: int, epochs: List[int]) -> None:
+        """A replayed pass must start at the sampler epoch it started at the first time.
+
+        A script that resumes by itself (``range(start_epoch, ...)``) numbers its
+        passes from another start: its DistributedSampler's epoch tells.
+        """
+        plan = track.plan
+        if plan is None or number > plan.iteration:
+            return
+        expected = plan.epochs.get(number)
+        if expected is not None and expected != epochs:
+            self.listener.plan_refused(
+                "DataLoader #%d's pass %d starts at sampler epoch %s, in the checkpoint at %s "
+                "(does the script resume by itself?)" % (track.index, number, epochs, expected)
+            )
 
     def nested(self, track: LoaderTrack, make: Callable[[], Any]) -> Any:
         """The base pass inside an Accelerate shard's pass: skip and resume as it was told."""
@@ -408,6 +436,8 @@ class Tracker:
                 continue  # a pass that ended before the step (an evaluation): not training
             self.in_last_step.add(track.index)
             track.mark_training(position.iteration)
+            if position.epochs:
+                track.epochs[position.iteration] = position.epochs
             if track.problem is not None and problem is None:
                 problem = "DataLoader #%d: %s" % (track.index, track.problem)
         if problem is not None:
@@ -447,6 +477,7 @@ class Tracker:
                     "trigger": position is trigger,
                     "start": position.start if going_on else None,
                     "training": [list(r) for r in track.training],
+                    "epochs": dict(track.epochs),
                     "signature": track.signature,
                 }
             )
@@ -494,6 +525,16 @@ def _samplers(loader: Any) -> List[Any]:
         found.append(sampler)
         attributes = getattr(sampler, "__dict__", {})
         pending += [attributes.get("sampler"), attributes.get("batch_sampler")]
+    return found
+
+
+def _sampler_epochs(loader: Any) -> List[int]:
+    """The ``epoch`` its samplers were set to (``DistributedSampler.set_epoch``), in order."""
+    found = []
+    for sampler in _samplers(loader):
+        epoch = getattr(sampler, "__dict__", {}).get("epoch")
+        if isinstance(epoch, int):
+            found.append(epoch)
     return found
 
 

@@ -460,12 +460,20 @@ class _Listener(dataloaders.Listener):
     def __init__(self, loop: PlainLoop) -> None:
         self.loop = loop
 
-    def iteration_begins(self, track: dataloaders.LoaderTrack) -> None:
+    def prepare(self) -> None:
         loop = self.loop
         if os.getpid() != loop.pid:
             return
         try:
             loop._prepare()
+        except Exception as exc:
+            loop.went_wrong("resuming the plain loop", exc)
+
+    def iteration_begins(self, track: dataloaders.LoaderTrack) -> None:
+        loop = self.loop
+        if os.getpid() != loop.pid:
+            return
+        try:
             if loop.resume is not None and not loop.resume.early:
                 loop._early_restore()
         except Exception as exc:

@@ -270,3 +270,52 @@ def test_two_optimizers_at_different_rates_are_not_followed(shim_env: ShimEnv) -
     )
     assert "trained" in done.stdout
     assert "cannot be resumed exactly (two optimizers step at different rates)" in done.stderr
+
+
+OWN_RESUME = """
+import json
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from shim import dataloaders
+
+dataloaders.install(torch)
+refused = []
+
+
+class Listener(dataloaders.Listener):
+    def plan_refused(self, reason):
+        refused.append(reason)
+        dataloaders.TRACKER.drop_plans()
+
+
+dataloaders.TRACKER.listener = Listener()
+sampler = DistributedSampler(TensorDataset(torch.randn(8, 2)), num_replicas=1, rank=0)
+loader = DataLoader(sampler.dataset, batch_size=2, sampler=sampler)
+track = loader.__dict__[dataloaders.ATTR_TRACK]
+# The checkpoint: passes 0 and 1 trained at sampler epochs 1 and 2, pass 2 interrupted.
+dataloaders.TRACKER.assign([{
+    "index": 0, "iteration": 2, "yielded": 1, "exhausted": False, "trigger": True,
+    "start": None, "training": [[0, 2]], "epochs": {0: [1], 1: [2], 2: [3]},
+    "signature": track.signature,
+}])
+sampler.set_epoch(2)  # the script resumed by itself: its first pass is epoch 2
+batches = list(iter(loader))
+print(json.dumps({"refused": refused, "batches": len(batches)}))
+"""
+
+
+def test_a_script_that_resumes_by_itself_is_not_replayed(shim_env: ShimEnv) -> None:
+    done = subprocess.run(
+        [PYTHON, "-c", OWN_RESUME],
+        env=shim_env.without_shim(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert len(result["refused"]) == 1
+    assert "pass 0 starts at sampler epoch [2], in the checkpoint at [1]" in result["refused"][0]
+    assert result["batches"] == 4  # not replayed as a finished pass: the whole pass runs
