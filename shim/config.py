@@ -16,37 +16,38 @@ from .log import say_once
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional
+    from typing import Callable, Mapping, Optional, TypeVar
+
+    T = TypeVar("T")
 
 _FALSE = ("false", "0", "no", "off")
 
 
-def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+def _parsed(env: Mapping[str, str], name: str, kind: Callable[[str], T], what: str) -> Optional[T]:
     raw = env.get(name, "").strip()
     if not raw:
         return None
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        say_once("env:" + name, "ignoring %s=%r: not an integer" % (name, raw))
+        say_once("env:" + name, "ignoring %s=%r: not %s" % (name, raw, what))
         return None
+
+
+def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+    return _parsed(env, name, int, "an integer")
 
 
 def _number(env: Mapping[str, str], name: str) -> Optional[float]:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        say_once("env:" + name, "ignoring %s=%r: not a number" % (name, raw))
-        return None
+    return _parsed(env, name, float, "a number")
 
 
 class ShimConfig:
     """What the webhook asked for, as the shim understands it (read-only by convention)."""
 
     __slots__ = (
+        "demo_final_weights",
+        "demo_hold_at_step",
         "grace_seconds",
         "jit",
         "local_dir",
@@ -68,6 +69,8 @@ class ShimConfig:
         save_steps: Optional[float] = None,
         save_total_limit: Optional[int] = None,
         upload_final: bool = True,
+        demo_hold_at_step: Optional[int] = None,
+        demo_final_weights: Optional[str] = None,
     ) -> None:
         self.local_dir = local_dir
         self.socket_path = socket_path
@@ -77,6 +80,10 @@ class ShimConfig:
         self.save_steps = save_steps
         self.save_total_limit = save_total_limit
         self.upload_final = upload_final
+        # Set only in the pods ``jitckpt demo`` generates (see trainrun): hold at this step
+        # until the SIGTERM comes; write the trained weights to this file at the end.
+        self.demo_hold_at_step = demo_hold_at_step
+        self.demo_final_weights = demo_final_weights
 
     @property
     def checkpoints_dir(self) -> str:
@@ -113,4 +120,6 @@ def from_env(env: Optional[Mapping[str, str]] = None) -> Optional[ShimConfig]:
         save_steps=_number(source, layout.ENV_SAVE_STEPS),
         save_total_limit=_int(source, layout.ENV_SAVE_TOTAL_LIMIT),
         upload_final=source.get(layout.ENV_UPLOAD_FINAL, "true").strip().lower() not in _FALSE,
+        demo_hold_at_step=_int(source, layout.ENV_DEMO_HOLD_AT_STEP),
+        demo_final_weights=source.get(layout.ENV_DEMO_FINAL_WEIGHTS, "").strip() or None,
     )

@@ -39,7 +39,6 @@ from . import claim, dataloaders, dist, finalsaves, loopstate, pids, rngstate, w
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .exitstatus import STATUS
-from .layout import ENV_DEMO_FINAL_WEIGHTS
 from .log import failed, say, say_once
 from .protocol import KIND_JIT
 from .signals import FLAG
@@ -315,7 +314,7 @@ class PlainLoop:
             return
         self.lead = weakref.ref(optimizer)
         self.state = FOLLOWING
-        if os.environ.get(ENV_DEMO_FINAL_WEIGHTS, "").strip():
+        if self.config.demo_final_weights is not None:
             self._final_modules = objects.modules  # the program's own references end before exit
         self.last_step_at = time.monotonic()
         self.run.start(lambda: self.step, on_sigterm=self._on_sigterm)

@@ -33,7 +33,7 @@ from . import dist, final, pids
 from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
-from .layout import CHECKPOINT_PREFIX, ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
+from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE
 from .log import failed, say, say_once
 from .protocol import KIND_JIT
 from .session import ProcessSession
@@ -71,17 +71,6 @@ def hand_over(
     return staged_id
 
 
-def _env_int(name: str) -> Optional[int]:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        say_once("env:" + name, "ignoring %s=%r: not an integer" % (name, raw))
-        return None
-
-
 class TrainingRun:
     """The framework-neutral state of one training run in this process."""
 
@@ -91,7 +80,7 @@ class TrainingRun:
         self.marker = marker  # the file the framework writes last into a checkpoint
         self.process: ProcessSession = get_session(config)
         self.jit_step: Optional[int] = None
-        self.hold_at_step = _env_int(ENV_DEMO_HOLD_AT_STEP)
+        self.hold_at_step = config.demo_hold_at_step
         self._held = False
         self.left = False  # some rank could no longer follow the loop: no more agreement
 
@@ -262,8 +251,8 @@ class TrainingRun:
         Called when training ended normally (never after a JIT stop). The
         tensors are copied to the CPU so the file compares across runs.
         """
-        path = os.environ.get(ENV_DEMO_FINAL_WEIGHTS, "").strip()
-        if not path or model is None or dist.ranks()["rank"] != 0:
+        path = self.config.demo_final_weights
+        if path is None or model is None or dist.ranks()["rank"] != 0:
             return
         try:
             import torch
