@@ -335,13 +335,8 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                     session.training_ended(normally)
                 except Exception as exc:
                     failed("finishing the checkpoint written in the background", exc)
-                FLAG.armed = False
-                if FLAG.raised and session.run.jit_step is None:
-                    # SIGTERM came after the last step boundary: act as if it came now.
-                    FLAG.raised = False
-                    FLAG.deliver_as_before()
-            session.trained = session.run.jit_step is None
-            session.run.capture_final_weights(getattr(self, "model", None))
+                session.run.disarm()
+            session.trained = session.run.ended_normally(getattr(self, "model", None))
             return result
 
         return train

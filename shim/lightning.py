@@ -477,13 +477,8 @@ class Integration:
             try:
                 result = original(trainer, *args, **kwargs)
             finally:
-                FLAG.armed = False
-                if FLAG.raised and session.run.jit_step is None:
-                    # SIGTERM came after the last step boundary: act as if it came now.
-                    FLAG.raised = False
-                    FLAG.deliver_as_before()
-            session.trained = session.run.jit_step is None
-            session.run.capture_final_weights(getattr(trainer, "lightning_module", None))
+                session.run.disarm()
+            session.trained = session.run.ended_normally(getattr(trainer, "lightning_module", None))
             return result
 
         return fit

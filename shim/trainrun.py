@@ -245,6 +245,23 @@ class TrainingRun:
         if output is not None:
             output.forget()
 
+    def disarm(self) -> None:
+        """The framework's training call returned or raised: SIGTERM no longer waits for a
+        step boundary, and one that came after the last boundary acts now, as it would
+        have without jitckpt."""
+        FLAG.armed = False
+        if FLAG.raised and self.jit_step is None:
+            FLAG.raised = False
+            FLAG.deliver_as_before()
+
+    def ended_normally(self, model: Any) -> bool:
+        """The framework's training call returned: True unless training stopped for a JIT
+        save, and then the demo's final weights of ``model`` are written."""
+        if self.jit_step is not None:
+            return False
+        self.capture_final_weights(model)
+        return True
+
     def capture_final_weights(self, model: Any) -> None:
         """Demo only: rank 0 writes ``model``'s state dict where the demo asked.
 
