@@ -32,6 +32,18 @@ KEY_FILE = "tls.key"
 SERVING_VALIDITY = dt.timedelta(days=365)
 CA_VALIDITY = dt.timedelta(days=3650)
 CLOCK_SKEW = dt.timedelta(minutes=5)
+# The arguments of x509.KeyUsage: a certificate names the few it allows (_key_usage).
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,14 @@ def _san(names: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """A KeyUsage that allows ``allowed`` and nothing else."""
+    unknown = set(allowed) - set(_KEY_USAGES)
+    if unknown:
+        raise ValueError(f"not a key usage: {sorted(unknown)}")
+    return x509.KeyUsage(**{use: use in allowed for use in _KEY_USAGES})
+
+
 def generate(
     names: Sequence[str],
     *,
@@ -86,17 +106,7 @@ def generate(
         .not_valid_after(start + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage("key_cert_sign", "crl_sign"),
             critical=True,
         )
         .add_extension(ca_ski, critical=False)
@@ -114,17 +124,7 @@ def generate(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             # ECDSA keys sign; key_encipherment applies to RSA key exchange only.
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage("digital_signature"),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
