@@ -185,8 +185,10 @@ def cases_from(
                         unit=unit,
                         lower_is_better=lower,
                         series=series,
-                        note="transfer: Python clients timed inside their process (transfer "
-                        "only); s5cmd as a whole process; LocalS3 (moto) on the same 2 cores",
+                        note="transfer: Python clients timed inside their process (the "
+                        "transfer only, after the client's first request, as the agent's access "
+                        "probe makes it); s5cmd as a whole process; LocalS3 (moto) on the same "
+                        "2 cores",
                     )
                 )
     return cases

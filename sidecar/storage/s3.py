@@ -39,6 +39,25 @@ ENV_REGION = "AWS_DEFAULT_REGION"
 # Downloads write each range in pieces of this size as they arrive: ranges are large
 # (fewer requests), and buffering whole ones would not fit the sidecar's memory limit.
 WRITE_CHUNK = 4 * 1024 * 1024
+# Buffers per vectored write: well under the kernel's IOV_MAX (1024).
+IOV_BATCH = 256
+
+
+def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
+    """Write ``pieces`` one after the other at ``offset``, as one vectored write where it
+    can: joining them first would copy every downloaded byte once more, which costs about
+    as much CPU as the rest of a download."""
+    views = [memoryview(piece) for piece in pieces if piece]
+    while views:
+        written = os.pwritev(fd, views[:IOV_BATCH], offset)
+        if written <= 0:
+            raise OSError(f"pwritev wrote {written} bytes")
+        offset += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
 
 
 def endpoint_from_env(env: Mapping[str, str]) -> str | None:
@@ -284,9 +303,10 @@ class S3Store(Store):
         client = await self._c()
 
         def write(pieces: list[bytes], offset: int, crc: int) -> int:
-            data = b"".join(pieces)
-            os.pwrite(fd, data, offset)
-            return int(google_crc32c.extend(crc, data))
+            _pwrite_all(fd, pieces, offset)
+            for piece in pieces:
+                crc = int(google_crc32c.extend(crc, piece))
+            return crc
 
         async def call() -> int:
             answer = await client.get_object(
