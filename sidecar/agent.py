@@ -79,6 +79,21 @@ async def verify_access(store: Store, config: AgentConfig) -> None:
         ) from exc
 
 
+def _committed(
+    store: Store, job: staging.StagedJob, relative: str, size: int, seconds: float
+) -> Committed:
+    """What ``/status`` and the termination message say of a commit just made under
+    ``relative`` (a checkpoint's or the final model's directory in the job root)."""
+    return Committed(
+        step=job.step,
+        kind=job.kind,
+        uri=store.uri.rstrip("/") + "/" + relative.rstrip("/"),
+        time=now_iso(),
+        size=size,
+        seconds=round(seconds, 3),
+    )
+
+
 class Agent:
     """One sidecar process; also the protocol server's handler."""
 
@@ -292,15 +307,8 @@ class Agent:
         if isinstance(result, final.FinalCommit):
             await self._on_final(store, job, result)
             return
-        uri = store.uri.rstrip("/") + "/" + mf.checkpoint_dir(job.step)
-        done = Committed(
-            step=job.step,
-            kind=job.kind,
-            uri=uri,
-            time=now_iso(),
-            size=result.size,
-            seconds=round(result.seconds, 3),
-        )
+        done = _committed(store, job, mf.checkpoint_dir(job.step), result.size, result.seconds)
+        uri = done.uri
         self.state.committed.append(done)
         last = self.state.last_committed
         if last is None or done.step >= last.step:
@@ -335,15 +343,10 @@ class Agent:
         self.metrics.committed.labels(job.kind).inc()
         if result.superseded:
             return
-        uri = store.uri.rstrip("/") + "/" + final.run_prefix(result.run).rstrip("/")
-        self.state.final = Committed(
-            step=job.step,
-            kind=job.kind,
-            uri=uri,
-            time=now_iso(),
-            size=result.size,
-            seconds=round(result.seconds, 3),
+        self.state.final = _committed(
+            store, job, final.run_prefix(result.run), result.size, result.seconds
         )
+        uri = self.state.final.uri
         log.info(
             "committed the final model of step %d (%d files, %d bytes in %.2fs) at %s%s",
             job.step,
