@@ -131,24 +131,36 @@ class OpenedFile:
             self.fd = -1
 
 
+def _open_file(parent: int, name: str, shown: str) -> tuple[int, os.stat_result]:
+    """``name`` in ``parent`` opened for reading, and its status: never through a symlink,
+    never blocking on a FIFO; raises UnsafeError (the descriptor closed) unless it is a
+    regular file. ``shown`` names it in the error."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeError(exc.errno, f"{shown} is a symlink") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeError(errno.EINVAL, f"{shown} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
 def open_regular(root: int, relative: str, device: int | None) -> OpenedFile:
     """Open ``relative`` below ``root`` for reading, never through a symlink, and only if
     it is a regular file on ``device`` (the staging volume) that is still linked."""
     *dirs, name = components(relative)
     parent = open_dirs(root, "/".join(dirs)) if dirs else os.dup(root)
     try:
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UnsafeError(exc.errno, f"{relative} is a symlink") from None
-            raise
+        fd, info = _open_file(parent, name, relative)
     finally:
         os.close(parent)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafeError(errno.EINVAL, f"{relative} is not a regular file")
         if device is not None and info.st_dev != device:
             raise UnsafeError(errno.EXDEV, f"{relative} is not on the staging volume")
         # Hard links are how the shim stages, so more than one is normal; none means the
@@ -174,15 +186,8 @@ def open_path(path: Path) -> OpenedFile:
 def read_small(parent: int, name: str, limit: int) -> bytes:
     """At most ``limit`` bytes of the regular file ``name`` in ``parent``: never through a
     symlink (one to ``/dev/zero`` would never end), never blocking on a FIFO."""
+    fd, _ = _open_file(parent, name, name)
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeError(exc.errno, f"{name} is a symlink") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeError(errno.EINVAL, f"{name} is not a regular file")
         return os.pread(fd, limit, 0)
     finally:
         os.close(fd)
