@@ -28,15 +28,15 @@ train DataLoader, and a train data source that is no ``DataLoader``.
 from __future__ import annotations
 
 import itertools
-import random
 import sys
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from . import rngstate
 from .log import failed, say, say_once
 
 # The version of what ``Position.record`` returns (a rank's file in the checkpoint).
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 
 def _generators(loader: Any) -> List[Any]:
@@ -55,34 +55,12 @@ def _generators(loader: Any) -> List[Any]:
 
 def snapshot(generators: List[Any]) -> Dict[str, Any]:
     """The state of every generator this process draws from (only tensors and plain values)."""
-    import torch
-
-    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        kind, keys, position, has_gauss, cached = numpy.random.get_state()
-        keys = torch.from_numpy(keys.astype(numpy.int64))
-        state["numpy"] = (kind, keys, int(position), int(has_gauss), float(cached))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    state["generators"] = [generator.get_state() for generator in generators]
-    return state
+    return {"rng": rngstate.capture(), "generators": [g.get_state() for g in generators]}
 
 
 def restore(state: Dict[str, Any], generators: List[Any]) -> None:
     """Put back what ``snapshot`` took."""
-    import torch
-
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and "numpy" in state:
-        kind, keys, position, has_gauss, cached = state["numpy"]
-        numpy.random.set_state(
-            (kind, keys.numpy().astype(numpy.uint32), position, has_gauss, cached)
-        )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    rngstate.restore(state["rng"])
     saved = state.get("generators", [])
     if len(saved) != len(generators):
         say_once("rng-generators", "the DataLoader's generators changed: not restoring theirs")
