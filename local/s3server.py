@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from types import TracebackType
+from typing import Any
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
@@ -74,18 +74,22 @@ class LocalS3:
         self.stop()
         raise RuntimeError(f"moto server did not answer on {self.endpoint}")
 
-    def create_bucket(self, bucket: str) -> None:
-        """Create a bucket through a signed request, as any S3 client would."""
+    def client(self) -> Any:
+        """A plain botocore S3 client of this server: its requests are signed, as any S3
+        client's (for callers that read or write the store around the sidecar)."""
         import botocore.session
 
-        client = botocore.session.get_session().create_client(
+        return botocore.session.get_session().create_client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
             region_name=REGION,
         )
-        client.create_bucket(Bucket=bucket)
+
+    def create_bucket(self, bucket: str) -> None:
+        """Create a bucket through a signed request, as any S3 client would."""
+        self.client().create_bucket(Bucket=bucket)
 
     def reset(self) -> None:
         """Drop every bucket and object (moto's reset API), between tests."""
@@ -106,10 +110,5 @@ class LocalS3:
     def __enter__(self) -> LocalS3:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -86,17 +86,7 @@ def stage(staging_root: Path, name: str, sizes: dict[str, int]) -> tuple[Path, l
 
 def bucket_objects(local_s3: LocalS3, bucket: str) -> dict[str, bytes]:
     """Every object in ``bucket`` and its bytes, read back through a plain S3 client."""
-    import botocore.session
-
-    from local.s3server import ACCESS_KEY, REGION, SECRET_KEY
-
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=local_s3.endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name=REGION,
-    )
+    client = local_s3.client()
     objects: dict[str, bytes] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for item in page.get("Contents", []):

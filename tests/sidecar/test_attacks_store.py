@@ -14,11 +14,10 @@ import json
 import os
 from pathlib import Path
 
-import botocore.session
 import google_crc32c
 import pytest
 
-from local.s3server import ACCESS_KEY, REGION, SECRET_KEY, LocalS3
+from local.s3server import LocalS3
 from sidecar import checksum
 from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import seed_store, tree_snapshot
@@ -32,13 +31,7 @@ class Seeder:
 
     def __init__(self, local_s3: LocalS3, bucket: str) -> None:
         self.bucket = bucket
-        self.client = botocore.session.get_session().create_client(
-            "s3",
-            endpoint_url=local_s3.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
-        )
+        self.client = local_s3.client()
 
     def put(self, key: str, body: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=f"{PREFIX}/{key}", Body=body)

@@ -93,17 +93,7 @@ def _uploading(agent: AgentProcess, step: int) -> bool:
 
 
 def _open_multipart_uploads(local_s3: LocalS3, bucket: str) -> list[str]:
-    import botocore.session
-
-    from local.s3server import ACCESS_KEY, REGION, SECRET_KEY
-
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=local_s3.endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        region_name=REGION,
-    )
+    client = local_s3.client()
     answer = client.list_multipart_uploads(Bucket=bucket)
     return [upload["Key"] for upload in answer.get("Uploads", [])]
 
