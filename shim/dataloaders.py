@@ -539,26 +539,20 @@ def _sampler_epochs(loader: Any) -> List[int]:
 
 
 def _capture(roots: tuple, shard: Any) -> Dict[str, Any]:
-    state: Dict[str, Any] = {
-        "rng": rngstate.capture(),
-        "generators": [g.get_state() for g in rngstate.generators(*roots)],
-    }
+    state = rngstate.capture_with(rngstate.generators(*roots))
     if shard is not None:
         state["iteration"] = int(shard.__dict__.get("iteration", 0))
     return state
 
 
 def _put_back(start: Dict[str, Any], roots: tuple, shard: Any) -> None:
-    rngstate.restore(start["rng"])
     found = rngstate.generators(*roots)
-    if len(found) != len(start["generators"]):
+    if not rngstate.restore_with(start, found):
         TRACKER.listener.plan_refused(
             "a DataLoader now carries %d random generators, the checkpoint %d"
             % (len(found), len(start["generators"]))
         )
         return
-    for generator, state in zip(found, start["generators"]):
-        generator.set_state(state)
     if shard is not None and "iteration" in start:
         shard.iteration = start["iteration"]
 

@@ -53,20 +53,10 @@ def _generators(loader: Any) -> List[Any]:
     return found
 
 
-def snapshot(generators: List[Any]) -> Dict[str, Any]:
-    """The state of every generator this process draws from (only tensors and plain values)."""
-    return {"rng": rngstate.capture(), "generators": [g.get_state() for g in generators]}
-
-
 def restore(state: Dict[str, Any], generators: List[Any]) -> None:
-    """Put back what ``snapshot`` took."""
-    rngstate.restore(state["rng"])
-    saved = state.get("generators", [])
-    if len(saved) != len(generators):
+    """Put back what ``rngstate.capture_with`` took."""
+    if not rngstate.restore_with(state, generators):
         say_once("rng-generators", "the DataLoader's generators changed: not restoring theirs")
-        return
-    for generator, generator_state in zip(generators, saved):
-        generator.set_state(generator_state)
 
 
 class Resume:
@@ -216,7 +206,7 @@ class Position:
                 pending.at_iter, pending.at_first = None, pending.at_iter or pending.at_first
             if pending is not None and pending.at_iter is not None:
                 restore(pending.at_iter, self.generators)
-            self.at_iter = snapshot(self.generators)
+            self.at_iter = rngstate.capture_with(self.generators)
         except Exception as exc:
             failed("recording the data loader's epoch start", exc)
 
@@ -227,7 +217,7 @@ class Position:
         try:
             if pending is not None and pending.at_first is not None:
                 restore(pending.at_first, self.generators)
-            self.at_first = snapshot(self.generators)
+            self.at_first = rngstate.capture_with(self.generators)
         except Exception as exc:
             failed("restoring the data loader's epoch start", exc)
         if pending is None or not pending.follows_data:
@@ -279,7 +269,7 @@ class Position:
             "exact": exact,
             "at_iter": self.at_iter if exact else None,
             "at_first": self.at_first if exact else None,
-            "states": snapshot(self.generators),
+            "states": rngstate.capture_with(self.generators),
         }
 
     def resume_from(self, record: Dict[str, Any]) -> None:

@@ -61,6 +61,23 @@ def restore(state: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def capture_with(generators: List[Any]) -> Dict[str, Any]:
+    """The global states and those of ``generators`` (what a data loader draws from)."""
+    return {"rng": capture(), "generators": [g.get_state() for g in generators]}
+
+
+def restore_with(state: Dict[str, Any], generators: List[Any]) -> bool:
+    """Put back what ``capture_with`` took. False, the generators left alone, when there
+    are not as many of them as when it was taken."""
+    restore(state["rng"])
+    saved = state.get("generators", [])
+    if len(saved) != len(generators):
+        return False
+    for generator, generator_state in zip(generators, saved):
+        generator.set_state(generator_state)
+    return True
+
+
 def generators(*roots: Any) -> List[Any]:
     """The ``torch.Generator`` objects reachable from ``roots`` (through samplers), in order."""
     import torch
