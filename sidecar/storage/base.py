@@ -25,6 +25,15 @@ class VerificationError(StoreError):
     """Downloaded bytes do not match the manifest (size or CRC32C)."""
 
 
+def check_sent(name: str, expected: str | None, sent: str) -> None:
+    """What ``put_file`` sent of ``name`` (CRC32C ``sent``) is what the caller expected,
+    when it said: the file changed in between otherwise (a VerificationError)."""
+    if expected is not None and expected != sent:
+        raise VerificationError(
+            f"{name} changed while being uploaded (CRC32C {sent}, not {expected})"
+        )
+
+
 class ObjectTooLarge(StoreError):
     """A small object (a manifest) is larger than its reader accepts; it was not read."""
 

@@ -29,6 +29,7 @@ from sidecar.storage.base import (
     Store,
     StoreError,
     VerificationError,
+    check_sent,
 )
 
 TMP_MARK = ".jitckpt-tmp-"  # temporary files carry this; listings skip them
@@ -148,8 +149,7 @@ class DirectoryStore(Store):
         if gate is not None:
             await gate.wait()
         written = await asyncio.to_thread(atomic_write, self._path(key), source, None)
-        if crc32c is not None and written != crc32c:
-            raise VerificationError(f"{source.name} changed while being copied to {key}")
+        check_sent(source.name, crc32c, written)
         return PutResult(size=source.size, parts=1, retries=0, crc32c=written)
 
     def _get(self, key: str, fd: int, size: int, crc32c: str) -> None:

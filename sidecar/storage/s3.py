@@ -31,6 +31,7 @@ from sidecar.storage.base import (
     PutResult,
     Store,
     VerificationError,
+    check_sent,
 )
 from sidecar.storage.retry import RetryPolicy
 
@@ -65,13 +66,6 @@ def endpoint_from_env(env: Mapping[str, str]) -> str | None:
         if env.get(name):
             return env[name]
     return None
-
-
-def _check_unchanged(name: str, expected: str | None, sent: str) -> None:
-    if expected is not None and expected != sent:
-        raise VerificationError(
-            f"{name} changed while being uploaded (CRC32C {sent}, not {expected})"
-        )
 
 
 class S3Store(Store):
@@ -200,7 +194,7 @@ class S3Store(Store):
             data = await asyncio.to_thread(source.pread, 0, size)
             await asyncio.to_thread(source.check_size)
             sent = checksum.of_bytes(data)
-            _check_unchanged(source.name, crc32c, sent)
+            check_sent(source.name, crc32c, sent)
             await self._put(key, data, sent, gate)
             return PutResult(size=size, parts=1, retries=self.policy.retries - before, crc32c=sent)
         parts, sent = await self._multipart(key, source, crc32c, gate)
@@ -278,7 +272,7 @@ class S3Store(Store):
             done = await asyncio.gather(*(part(n) for n in range(1, count + 1)))
             await asyncio.to_thread(source.check_size)
             whole = checksum.encode(checksum.combine_all((v, n) for _, v, n in done))
-            _check_unchanged(source.name, crc32c, whole)
+            check_sent(source.name, crc32c, whole)
             await self.policy.run(
                 f"complete multipart {self._uri}/{key}",
                 lambda: client.complete_multipart_upload(
