@@ -35,7 +35,8 @@ import os
 import shutil
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import dist
 from .log import failed, say, say_once
@@ -49,7 +50,9 @@ MIN_DEFERRED_BYTES = 64 * 1024
 _WRITING, _FAILED, _WRITTEN = 0, 1, 2
 MB = 1e6
 
-Call = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]
+# A deferred call: the function, its arguments (on live tensors until the snapshot rebuilds
+# them on its copies) and that snapshot (None: arguments copied whole already).
+Call = Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any], Optional["Snapshot"]]
 
 
 def enabled() -> bool:
@@ -73,7 +76,7 @@ def _storages(obj: Any, found: Dict[Any, Any]) -> None:
         if obj.device.type not in ("cpu", "cuda"):
             raise Unsupported("a tensor on %s" % obj.device)
         storage = obj.untyped_storage()
-        found[_key(obj)] = storage
+        found[storage_key(obj)] = storage
     elif isinstance(obj, (dict, list, tuple)):
         if type(obj) not in (dict, list, tuple) and not _is_ordered_dict(obj):
             raise Unsupported("a %s" % type(obj).__name__)
@@ -86,10 +89,50 @@ def _storages(obj: Any, found: Dict[Any, Any]) -> None:
         raise Unsupported("a %s" % type(obj).__name__)
 
 
-def _key(tensor: Any) -> Tuple[str, int, int]:
+StorageKey = Tuple[str, int, int]
+
+
+def storage_key(tensor: Any) -> StorageKey:
     """A storage's identity while it lives: tensors that share one get one copy."""
     storage = tensor.untyped_storage()
     return (str(tensor.device), storage.data_ptr(), storage.nbytes())
+
+
+def _containers(obj: Any) -> Any:
+    """``obj`` with its dicts, lists and tuples copied and its tensors the same objects: the
+    structure as the save passed it, whatever the loop does to its own containers later."""
+    if isinstance(obj, dict):
+        return type(obj)((key, _containers(value)) for key, value in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_containers(item) for item in obj)
+    return obj
+
+
+# -- the optimizer step waits for the writer's copies ----------------------------------
+
+_ACTIVE: "weakref.WeakSet[BackgroundSaves]" = weakref.WeakSet()
+_HOOK: List[Any] = []
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    for saves in list(_ACTIVE):
+        try:
+            saves.wait_copied()
+        except Exception as exc:  # never into the user's optimizer step
+            failed("waiting for the checkpoint copy", exc)
+
+
+def _hook_installed() -> bool:
+    """torch's global optimizer-step pre-hook, installed once; False where torch has none."""
+    if not _HOOK:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            _HOOK.append(register_optimizer_step_pre_hook(_before_optimizer_step))
+        except Exception as exc:
+            failed("copying parameters during the next step (they are copied at once)", exc)
+            _HOOK.append(None)
+    return _HOOK[0] is not None
 
 
 def _is_ordered_dict(obj: Any) -> bool:
@@ -108,19 +151,38 @@ def _immutable(obj: Any) -> bool:
 
 
 class Snapshot:
-    """Host copies of the storages a save's arguments reach, and the arguments rebuilt on them."""
+    """Host copies of the storages a save's arguments reach, and the arguments rebuilt on them.
+
+    Storages that change only at an optimizer step (``later``) are copied by the writer
+    thread while the next forward and backward passes run; the optimizer step waits for
+    that copy (``_before_optimizer_step``). The others are copied at once.
+    """
 
     def __init__(self) -> None:
         self.copies: Dict[Any, Any] = {}
-        self.nbytes = 0
+        self.later: Dict[Any, Any] = {}
+        self.nbytes = 0  # of every copy made or planned
         self.event: Any = None  # a CUDA event after the device-to-host copies, when any
+
+    def plan(self, storages: Dict[Any, Any]) -> None:
+        """Copy these in the writer thread, before the next optimizer step."""
+        for key, storage in storages.items():
+            if key not in self.copies and key not in self.later:
+                self.later[key] = storage
+                self.nbytes += storage.nbytes()
+
+    def take_later(self) -> None:
+        """The writer thread: the copies planned for now."""
+        for key, storage in self.later.items():
+            self.copies[key] = storage.clone()
+        self.later = {}
 
     def take(self, storages: Dict[Any, Any]) -> None:
         import torch
 
         on_gpu = False
         for key, storage in storages.items():
-            if key in self.copies:
+            if key in self.copies or key in self.later:
                 continue
             if storage.device.type == "cuda":
                 on_gpu = True
@@ -140,7 +202,7 @@ class Snapshot:
         import torch
 
         if isinstance(obj, torch.Tensor):
-            copied = self.copies[_key(obj)]
+            copied = self.copies[storage_key(obj)]
             out = torch.empty(0, dtype=obj.dtype, device=copied.device)
             out.set_(copied, obj.storage_offset(), obj.size(), obj.stride())
             return out
@@ -170,11 +232,13 @@ class SaveJob:
         self.step = step
         self.calls: List[Call] = []
         self.snapshots: List[Snapshot] = []
-        self.copy_seconds = 0.0
+        self.copy_seconds = 0.0  # at the step boundary
+        self.later_seconds = 0.0  # the writer's copies, before the next optimizer step
         self.write_seconds = 0.0
         self.state = _WRITING
         self.error: Optional[BaseException] = None
         self.cancel = threading.Event()
+        self.copied = threading.Event()  # every planned copy made: parameters may change
         self.done = threading.Event()
 
     @property
@@ -185,13 +249,22 @@ class SaveJob:
         """The writer thread: every deferred call in order, then the snapshot is let go."""
         started = time.monotonic()
         try:
+            try:
+                for snapshot in self.snapshots:
+                    snapshot.take_later()
+            finally:
+                self.copied.set()
+                self.later_seconds = time.monotonic() - started
             for snapshot in self.snapshots:
                 snapshot.ready()
-            for function, args, kwargs in self.calls:
+            for function, live_args, live_kwargs, copies in self.calls:
                 if self.cancel.is_set():
                     self.state = _FAILED
                     return
-                function(*args, **kwargs)
+                if copies is None:
+                    function(*live_args, **live_kwargs)
+                else:
+                    function(*copies.rebuild(live_args), **copies.rebuild(live_kwargs))
             self.state = _WRITTEN
         except BaseException as exc:  # a failed write must not end the process
             self.error = exc
@@ -200,6 +273,7 @@ class SaveJob:
             self.write_seconds = time.monotonic() - started
             self.calls = []
             self.snapshots = []
+            self.copied.set()
             self.done.set()
 
 
@@ -223,7 +297,9 @@ class BackgroundSaves:
         self._capturing: Optional[SaveJob] = None
         self._capture_thread = 0
         self._budget = 0
+        self._stable: Set[StorageKey] = set()
         self.held_bytes = 0  # host memory the snapshot holds right now
+        self.step_waited_seconds = 0.0  # optimizer steps' waits for the writer's copies
         self.waited_seconds = 0.0  # the last save's wait for the one before it
 
     # -- set up by the integration ----------------------------------------------
@@ -240,6 +316,14 @@ class BackgroundSaves:
         job = self._job
         return job is not None and job.step == step
 
+    def wait_copied(self) -> None:
+        """Before an optimizer step: the writer's copies of what it changes are made."""
+        job = self._job
+        if job is not None and not job.copied.is_set():
+            started = time.monotonic()
+            job.copied.wait()
+            self.step_waited_seconds += time.monotonic() - started
+
     def wait(self) -> None:
         """Block until the save in flight is written (one save at a time)."""
         started = time.monotonic()
@@ -249,12 +333,21 @@ class BackgroundSaves:
             self._thread = None
         self.waited_seconds = time.monotonic() - started
 
-    def save(self, directory: str, step: int, save: Callable[[], Any]) -> Any:
+    def save(
+        self,
+        directory: str,
+        step: int,
+        save: Callable[[], Any],
+        stable: Optional[Set[StorageKey]] = None,
+    ) -> Any:
         """Run the framework's ``save`` for ``checkpoint-<step>`` with its writes deferred, then
         start writing them behind the training loop. The caller waited and staged the save
-        before this one (``wait``, ``agree_and_stage``)."""
+        before this one (``wait``, ``agree_and_stage``). ``stable``: the storages (keys of
+        ``storage_key``) that only an optimizer step changes, the parameters and the
+        optimizer's state: those on the CPU are copied by the writer, before the next step."""
         job = SaveJob(directory, step)
         self._budget = memory_budget()
+        self._stable = stable if stable is not None and _hook_installed() else set()
         self._capturing, self._capture_thread = job, threading.get_ident()
         originals = [(b, getattr(b.owner, b.name)) for b in self._bindings]
         try:
@@ -268,6 +361,7 @@ class BackgroundSaves:
         if not job.calls:
             return result  # nothing deferred: the save was synchronous after all
         self._job = job
+        _ACTIVE.add(self)
         self.held_bytes = job.snapshot_bytes
         self._thread = threading.Thread(
             target=self._write, args=(job,), name="jitckpt-writer", daemon=True
@@ -281,7 +375,7 @@ class BackgroundSaves:
             if job is None or threading.get_ident() != self._capture_thread:
                 return original(*args, **kwargs)  # another thread, or the capture is over
             if binding.after:
-                job.calls.append((original, copy.deepcopy(args), copy.deepcopy(kwargs)))
+                job.calls.append((original, copy.deepcopy(args), copy.deepcopy(kwargs), None))
                 return None
             return self._defer_write(job, original, args, kwargs)
 
@@ -316,8 +410,14 @@ class BackgroundSaves:
         started = time.monotonic()
         try:
             snapshot = Snapshot()
-            snapshot.take(storages)
-            call = (original, snapshot.rebuild(args), snapshot.rebuild(kwargs))
+            later = {
+                key: storage
+                for key, storage in storages.items()
+                if key in self._stable and storage.device.type == "cpu"
+            }
+            snapshot.plan(later)
+            snapshot.take({k: v for k, v in storages.items() if k not in later})
+            call: Call = (original, _containers(args), _containers(kwargs), snapshot)
         except Exception as exc:  # out of (pinned) memory, say: this file is written now
             failed("snapshotting %s" % target, exc)
             return original(*args, **kwargs)
@@ -330,11 +430,19 @@ class BackgroundSaves:
         snapshot_bytes = job.snapshot_bytes
         job.write()
         self.held_bytes = 0
+        _ACTIVE.discard(self)
         if job.state == _WRITTEN:
             say(
                 "checkpoint-%d written behind the training loop: a %.1f MB snapshot in host "
-                "memory (copied in %.3f s, released after a %.2f s write)"
-                % (job.step, snapshot_bytes / MB, job.copy_seconds, job.write_seconds)
+                "memory (%.3f s of copies at the step boundary, %.3f s before the next "
+                "optimizer step; released after a %.2f s write)"
+                % (
+                    job.step,
+                    snapshot_bytes / MB,
+                    job.copy_seconds,
+                    job.later_seconds,
+                    job.write_seconds,
+                )
             )
         elif job.error is not None:
             say(

@@ -150,7 +150,8 @@ class TrainerSession:
             saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
             return save()
         self.stage_written(block=True)  # one save in flight: wait for it, hand it over
-        return saves.save(self.checkpoint_dir(step), step, save)
+        stable = hfsaves.optimizer_storages(self.trainer)
+        return saves.save(self.checkpoint_dir(step), step, save, stable)
 
     def stage_written(self, block: bool) -> None:
         """Collective: stage the periodic checkpoint written in the background, once every

@@ -16,7 +16,7 @@ files before they are written).
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set
 
 from . import asyncsave
 from .log import say_once
@@ -74,6 +74,22 @@ def background_saves(trainer: Any, own_callback: type) -> Optional[asyncsave.Bac
         % asyncsave.ENV_ASYNC_SAVE,
     )
     return saves
+
+
+def optimizer_storages(trainer: Any) -> Set[asyncsave.StorageKey]:
+    """The storages only an optimizer step changes: the parameters the Trainer's optimizer
+    updates and that optimizer's state (what the writer may copy during the next step)."""
+    optimizer = getattr(trainer, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps the real one
+    found: Set[asyncsave.StorageKey] = set()
+    for group in getattr(inner, "param_groups", []):
+        for parameter in group.get("params", []):
+            found.add(asyncsave.storage_key(parameter))
+    for state in getattr(inner, "state", {}).values():
+        for value in state.values() if isinstance(state, dict) else []:
+            if hasattr(value, "untyped_storage"):
+                found.add(asyncsave.storage_key(value))
+    return found
 
 
 def _bindings() -> List[tuple]:

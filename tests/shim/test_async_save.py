@@ -204,8 +204,9 @@ def test_the_snapshot_is_released_once_written(tmp_path: Path) -> None:
     assert saves.held_bytes == live["weight"].untyped_storage().nbytes()
     job = saves._job
     assert job is not None
-    _, args, _ = job.calls[0]
-    copied = args[0]
+    _, args, _, snapshot = job.calls[0]
+    assert snapshot is not None and len(snapshot.copies) == 1  # the view is in the same copy
+    copied = snapshot.rebuild(args)[0]
     assert (
         copied["view"].untyped_storage().data_ptr() == copied["weight"].untyped_storage().data_ptr()
     )
@@ -213,8 +214,8 @@ def test_the_snapshot_is_released_once_written(tmp_path: Path) -> None:
         copied["weight"].untyped_storage().data_ptr() != live["weight"].untyped_storage().data_ptr()
     )
     live["weight"].add_(1.0)  # training goes on: the copy keeps the saved values
-    reference = [weakref.ref(copied["weight"]), weakref.ref(copied["view"])]
-    del copied, args, job
+    reference = [weakref.ref(storage) for storage in snapshot.copies.values()]
+    del copied, args, job, snapshot
     written: list[bytes] = []
     reader = _drain_fifo(fifo, written)
     saves.wait()
@@ -223,7 +224,42 @@ def test_the_snapshot_is_released_once_written(tmp_path: Path) -> None:
     assert torch.equal(saved["weight"], torch.arange(1 << 18, dtype=torch.float32))
     gc.collect()
     assert saves.held_bytes == 0
-    assert [ref() for ref in reference] == [None, None]
+    assert [ref() for ref in reference] == [None]
     staged: list[tuple[str, int]] = []
     saves.agree_and_stage(lambda path, step: staged.append((path, step)), block=True)
     assert staged == [(str(directory), 1)]
+
+
+def test_parameters_are_copied_before_the_next_optimizer_step_changes_them(
+    tmp_path: Path,
+) -> None:
+    """What only an optimizer step changes is copied by the writer during the next forward
+    and backward passes, not at the boundary; the next step waits for that copy."""
+    saves = asyncsave.BackgroundSaves("test")
+    saves.intercept(Disk, "write")
+    parameter = torch.nn.Parameter(torch.zeros(16 << 20))  # 64 MB: a copy takes a while
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    fifo = _plant_fifo(tmp_path, 2, "weights.pt")
+    stable = {asyncsave.storage_key(parameter)}
+
+    saves.save(
+        str(tmp_path / "checkpoint-2"),
+        2,
+        lambda: Disk.write({"w": parameter.detach()}, fifo),
+        stable,
+    )
+    job = saves._job
+    assert job is not None
+    [(_, _, _, snapshot)] = job.calls
+    assert snapshot is not None and snapshot.copies == {}  # nothing copied at the boundary
+    assert saves.held_bytes == parameter.numel() * 4  # but counted
+    parameter.grad = torch.ones_like(parameter)
+    optimizer.step()  # the global pre-hook waits for the writer's copy
+    assert job.copied.is_set()
+    assert torch.equal(parameter.detach()[:3], -torch.ones(3))
+    written: list[bytes] = []
+    reader = _drain_fifo(fifo, written)
+    saves.wait()
+    reader.join(30)
+    saved = torch.load(io.BytesIO(b"".join(written)), weights_only=True)
+    assert torch.count_nonzero(saved["w"]) == 0  # the values of the save's moment
