@@ -39,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import os
     import sys
 
     from sidecar.agent import Agent
@@ -62,4 +63,11 @@ def run(args: argparse.Namespace) -> int:
         termination_log=args.termination_log,
         shim_target=args.shim_target,
     )
-    return asyncio.run(agent.run())
+    code = asyncio.run(agent.run())
+    # Everything is committed, recorded and said: leave without the interpreter's teardown
+    # of every module (about 0.2 s here), the last thing between the JIT commit and the
+    # pod being gone (the preempting job waits for its nodes).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
