@@ -23,6 +23,8 @@ BENCHMARKS = (
     ("admission", "bench.admission"),
     ("transfer", "bench.transfer"),
     ("stall", "bench.stall"),
+    ("training_wall", "bench.training_wall"),
+    ("preemption", "bench.preemption"),
     ("sigterm_to_durable", "bench.sigterm_to_durable"),
 )
 

@@ -1,11 +1,17 @@
 """Training stall per periodic checkpoint: how long one save blocks the training loop.
 
-The same workload (bench/workload.py) saves every `SAVE_EVERY` steps, once
-under jitckpt (real shim + real agent uploading to LocalS3 in the background)
-and once as plain transformers (the save only, nothing uploaded). A callback
-timestamps each step's begin and end; the stall of a save at step k is the
-gap between the end of step k and the begin of step k+1, less the median gap
-between other steps (bench/timeline.py). Each save in each run is a sample.
+The same workload (bench/workload.py) saves every `SAVE_EVERY` steps under
+three subjects: jitckpt as it ships (real shim + real agent uploading each
+checkpoint to LocalS3 on the same cores while training goes on; the save is
+written behind the loop), jitckpt with `JITCKPT_ASYNC_SAVE=false` (HF's own
+synchronous save, uploads running), and plain transformers (its own
+synchronous save, nothing uploaded). A callback timestamps each step's begin
+and end; the stall of a save at step k is the gap between the end of step k
+and the begin of step k+1, less the median gap between other steps, plus how
+much longer than the median step step k+1 took: where a background save's
+remaining cost lands (its optimizer step waiting for the writer's copy, the
+writer competing for the cores; bench/timeline.py). Each save in each run is
+a sample.
 
     python -m bench.stall [--quick] [--reps N]
 """
@@ -23,13 +29,15 @@ from bench.jitckpt_node import JitckptNode
 from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, workload_argv
+from shim.asyncsave import ENV_ASYNC_SAVE
 
 NAME = "stall"
 BUCKET = "bench-stall"
 JITCKPT = "jitckpt"
+JITCKPT_SYNC = "jitckpt, synchronous save"
 PLAIN = "plain transformers save"
-SUBJECTS = (JITCKPT, PLAIN)
-SAVE_EVERY = 10
+SUBJECTS = (JITCKPT, JITCKPT_SYNC, PLAIN)
+SAVE_EVERY = 5
 SAVES_PER_RUN = 3
 MB = 1_000_000
 
@@ -52,32 +60,38 @@ def stalls(subject: str, shape: ModelShape, s3_env: dict[str, str], timeout: flo
         argv = workload_argv(
             shape, work / "output", timeline_path, max_steps=max_steps, save_steps=SAVE_EVERY
         )
-        if subject == JITCKPT:
+        if subject in (JITCKPT, JITCKPT_SYNC):
             with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
-                _train(argv, node.trainer_env(), work, timeout)
+                env = node.trainer_env()
+                if subject == JITCKPT_SYNC:
+                    env[ENV_ASYNC_SAVE] = "false"
+                _train(argv, env, work, timeout)
         else:
             _train(argv, dict(os.environ), work, timeout)
         events = timeline.read(timeline_path)
     saves = range(SAVE_EVERY, max_steps, SAVE_EVERY)
-    return [timeline.blocked_seconds(events, step) for step in saves]
+    return [timeline.blocked_seconds(events, step, saves) for step in saves]
 
 
 def run(options: BenchOptions) -> list[Case]:
     from local.s3server import LocalS3
 
-    reps = options.repetitions(3, 2)  # three saves per run: 9 samples (6 with --quick)
-    sizes = [("50 MB", 50 * MB)] if options.quick else [("50 MB", 50 * MB), ("500 MB", 500 * MB)]
+    # three saves per run: 9 samples at 500 MB, 3 at 2 GB (6 at 50 MB with --quick)
+    if options.quick:
+        sizes = [("50 MB", 50 * MB, options.repetitions(2, 2))]
+    else:
+        sizes = [("500 MB", 500 * MB, options.repetitions(3, 2)), ("2 GB", 2000 * MB, 1)]
     cases = []
     with LocalS3() as s3:
         s3_env = s3.credentials_env()
-        for label, state_bytes in sizes:
+        for label, state_bytes, reps in sizes:
             shape = ModelShape.for_state(label, state_bytes)
             samples: dict[str, list[float]] = {s: [] for s in SUBJECTS}
             for rep in range(reps):
                 for subject in SUBJECTS if rep % 2 == 0 else SUBJECTS[::-1]:
                     s3.reset()
                     s3.create_bucket(BUCKET)
-                    measured = stalls(subject, shape, s3_env, timeout=600)
+                    measured = stalls(subject, shape, s3_env, timeout=900)
                     samples[subject] += [1000 * value for value in measured]
                     print(
                         f"[bench] stall {label} rep {rep} {subject}: "
@@ -93,11 +107,18 @@ def run(options: BenchOptions) -> list[Case]:
                     unit="ms",
                     lower_is_better=True,
                     series=[
-                        Series(s, samples[s], {"save_steps": SAVE_EVERY, "saves_per_run": 3})
+                        Series(
+                            s,
+                            samples[s],
+                            {"save_steps": SAVE_EVERY, "saves_per_run": SAVES_PER_RUN},
+                        )
                         for s in SUBJECTS
                     ],
-                    note="stall: one sample per periodic save (3 per run); gap between step end "
-                    "and next step begin, less the median gap of other steps",
+                    note="stall: one sample per periodic save (3 per run, every 5 steps): the "
+                    "gap between its step's end and the next step's begin less the median gap, "
+                    "plus how much longer than the median step the next step took; "
+                    "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
+                    "while training goes on, plain transformers only saves",
                 )
             )
     return cases

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,18 +49,28 @@ def steps_per_second(events: list[Event], skip: int) -> float:
     return (len(ends) - 1) / (ends[-1][1] - ends[0][1])
 
 
-def blocked_seconds(events: list[Event], save_step: int) -> float:
-    """How much longer the loop stood between steps around a save than between other steps.
+def blocked_seconds(events: list[Event], save_step: int, saves: Iterable[int] = ()) -> float:
+    """How much longer the loop took around a save than around other steps.
 
     The gap between the end of step k and the begin of step k+1 holds the
-    Trainer's own bookkeeping and, at a save step, the whole save; the median
-    gap of the non-save steps is subtracted so only the save's cost remains.
+    Trainer's own bookkeeping and, at a save step, the save (or, when the save
+    is written in the background, what of it stays at the boundary); the
+    median gap of the other steps is subtracted. Added to it: how much longer
+    than the median step the step after the save took, which is where a
+    background save's remaining cost lands (its optimizer step waiting for a
+    copy, its writer competing for the cores). ``saves``: every save step of
+    the run, kept out of both medians.
     """
     ends = times(events, "step_end")
     begins = times(events, "step_begin")
     gaps = {step: begins[step + 1] - t for step, t in ends.items() if step + 1 in begins}
     if save_step not in gaps:
         raise ValueError(f"no step after the save at step {save_step}")
-    others = [gap for step, gap in gaps.items() if step != save_step and step > 1]
+    skip = set(saves) | {save_step}
+    others = [gap for step, gap in gaps.items() if step not in skip and step > 1]
     baseline = statistics.median(others) if others else 0.0
-    return gaps[save_step] - baseline
+    durations = {step: t - begins[step] for step, t in ends.items() if step in begins}
+    usual = [d for step, d in durations.items() if step - 1 not in skip and step > 1]
+    after = durations.get(save_step + 1)
+    excess = max(0.0, after - statistics.median(usual)) if after is not None and usual else 0.0
+    return gaps[save_step] - baseline + excess

@@ -36,8 +36,10 @@ def workload_argv(
     *,
     max_steps: int = 100000,
     save_steps: int = 0,
+    save_total_limit: int | None = None,
     on_sigterm: str = "none",
 ) -> list[str]:
+    limit = [] if save_total_limit is None else ["--save-total-limit", str(save_total_limit)]
     return [
         sys.executable,
         "-m",
@@ -60,6 +62,7 @@ def workload_argv(
         on_sigterm,
         "--timeline",
         str(timeline_path),
+        *limit,
     ]
 
 

@@ -2,7 +2,7 @@
 
 A GPT-2 shaped model built from a config (no download) whose size is set by
 `--hidden-size` and `--layers`, trained on random tokens. `--timeline` makes a
-callback write one JSON line per event (step begin/end, save begin/end) with
+callback write one JSON line per event (step begin/end, save begin) with
 `time.monotonic()`, which is system-wide on Linux, so the benchmark process
 can compare it with the moment it sent SIGTERM.
 
@@ -66,7 +66,9 @@ def build_callback(timeline: Timeline, on_sigterm: str) -> Any:
     from transformers import TrainerCallback
 
     class BenchCallback(TrainerCallback):
-        """Timestamps steps and saves; for `sync-save`, turns SIGTERM into save-and-stop."""
+        """Timestamps steps and when a save begins; for `sync-save`, turns SIGTERM into
+        save-and-stop. No `on_save`: a callback that acts on saved checkpoints keeps
+        jitckpt's saves synchronous (its files are not all written when `on_save` runs)."""
 
         def __init__(self) -> None:
             self.stop_requested = False
@@ -87,9 +89,6 @@ def build_callback(timeline: Timeline, on_sigterm: str) -> Any:
             if control.should_save:
                 timeline.write("save_begin", state.global_step)
 
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            timeline.write("save_end", state.global_step)
-
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             timeline.write("train_end", state.global_step)
 
@@ -106,6 +105,7 @@ def main() -> int:
     arguments.add_argument("--batch-size", type=int, default=2)
     arguments.add_argument("--max-steps", type=int, default=100000)
     arguments.add_argument("--save-steps", type=int, default=0, help="0: no periodic saves")
+    arguments.add_argument("--save-total-limit", type=int, default=None)
     arguments.add_argument("--on-sigterm", choices=ON_SIGTERM, default="none")
     arguments.add_argument("--timeline", type=Path, default=None)
     args = arguments.parse_args()
@@ -133,6 +133,7 @@ def main() -> int:
         per_device_train_batch_size=args.batch_size,
         save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit,
         logging_strategy="no",
         report_to="none",
         use_cpu=True,
