@@ -358,9 +358,12 @@ class BackgroundSaves:
             for binding, original in originals:
                 setattr(binding.owner, binding.name, original)
             self._capturing = None
-        if not job.calls:
-            return result  # nothing deferred: the save was synchronous after all
-        self._job = job
+        self._job = job  # on every rank, deferred calls or not: the agreement is collective
+        if not job.calls:  # everything was written at once (another rank may have deferred)
+            job.state = _WRITTEN
+            job.copied.set()
+            job.done.set()
+            return result
         _ACTIVE.add(self)
         self.held_bytes = job.snapshot_bytes
         self._thread = threading.Thread(

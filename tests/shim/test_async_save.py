@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from shim import asyncsave
-from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_trainer import assert_same_weights
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
@@ -263,3 +263,38 @@ def test_parameters_are_copied_before_the_next_optimizer_step_changes_them(
     reader.join(30)
     saved = torch.load(io.BytesIO(b"".join(written)), weights_only=True)
     assert torch.count_nonzero(saved["w"]) == 0  # the values of the save's moment
+
+
+@pytest.mark.slow
+def test_two_ranks_write_in_the_background_and_stage_each_checkpoint_once_written(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    """torchrun, 2 ranks: rank 0 defers the weights and optimizer, rank 1 writes only its
+    small RNG file at once; both take part in the agreement, and each checkpoint is staged
+    once, whole, by local rank 0."""
+    run = spawn(
+        [
+            TORCHRUN,
+            "--nproc-per-node",
+            "2",
+            *TRAIN_TINY,
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "9",
+            "--save-steps",
+            "3",
+        ],
+        shim_env.env,
+    )
+    assert run.wait(timeout=300) == 0, run.output()
+    output = run.output()
+    assert output.count("train() returned at step 9") == 2
+    for step in (3, 6, 9):
+        assert output.count(f"periodic checkpoint-{step} handed to the sidecar") == 1
+    agent.wait_for(lambda: agent.status()["queue"] == [], 60, "the uploads")
+    objects = uploaded(local_s3, agent.destination)  # type: ignore[arg-type]
+    for step in (3, 6, 9):
+        assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= (
+            objects[step]
+        ), (step, objects.get(step))
