@@ -93,8 +93,7 @@ def _uploading(agent: AgentProcess, step: int) -> bool:
 
 
 def _open_multipart_uploads(local_s3: LocalS3, bucket: str) -> list[str]:
-    client = local_s3.client()
-    answer = client.list_multipart_uploads(Bucket=bucket)
+    answer = local_s3.client().list_multipart_uploads(Bucket=bucket)
     return [upload["Key"] for upload in answer.get("Uploads", [])]
 
 
