@@ -272,6 +272,46 @@ class Staged:
 
 
 @dataclass(frozen=True)
+class Staging:
+    """Complete files of a checkpoint still being written, hard-linked into ``dir``.
+
+    The sidecar starts uploading them at once; the checkpoint is committed only
+    after a ``staged`` of the same ``dir`` completes it (its ``files`` may list
+    these again). A partial checkpoint whose ``staged`` never comes (the
+    connection closes, it idles too long) is dropped, never committed. At most
+    one is open per connection. A sidecar without this op refuses it, and the
+    shim then hands the whole directory over with ``staged`` alone.
+    """
+
+    OP: ClassVar[str] = "staging"
+    step: int
+    kind: str
+    dir: str
+    files: Tuple[str, ...]
+
+    def to_wire(self) -> Dict[str, Any]:
+        return _wire(
+            self.OP,
+            {"step": self.step, "kind": self.kind, "dir": self.dir, "files": list(self.files)},
+        )
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> Staging:
+        kind = body.get("kind")
+        if kind not in KINDS:
+            raise ProtocolError("kind must be one of %s" % ", ".join(KINDS))
+        files = _files(body)
+        if not files:
+            raise ProtocolError("files must name at least one file")
+        return cls(
+            step=_int(body, "step", 0, MAX_STEP),
+            kind=str(kind),
+            dir=_text(body, "dir", MAX_PATH),
+            files=files,
+        )
+
+
+@dataclass(frozen=True)
 class Sigterm:
     """The trainer got SIGTERM at ``step``: the sidecar starts its deadline clock."""
 
@@ -356,7 +396,7 @@ class Lease:
         return cls(pid=_int(body, "pid", 1, MAX_PID))
 
 
-Request = Union[Hello, Staged, Sigterm, Progress, Status, Bye, Lease]
+Request = Union[Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Lease]
 
 
 # -- answers (sidecar -> shim) -------------------------------------------------
@@ -404,7 +444,8 @@ class HelloAnswer:
 
 @dataclass(frozen=True)
 class StagedAnswer:
-    """The sidecar owns the files now; ``id`` names the staged checkpoint."""
+    """The sidecar owns the files now; ``id`` names the staged checkpoint (``staged``
+    and ``staging`` alike)."""
 
     id: str
 
@@ -487,6 +528,7 @@ class Op:
 OPS: Dict[str, Op] = {
     Hello.OP: Op(Hello, HelloAnswer),
     Staged.OP: Op(Staged, StagedAnswer),
+    Staging.OP: Op(Staging, StagedAnswer),
     Sigterm.OP: Op(Sigterm, OkAnswer),
     Progress.OP: Op(Progress, None),
     Status.OP: Op(Status, StatusAnswer),

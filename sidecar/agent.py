@@ -50,6 +50,9 @@ STATE_SUBDIR = "agent"
 
 # Training processes remembered at once (``hello``); gone ones make room for new ones.
 MAX_CLIENTS = 256
+# A checkpoint streamed in parts (``staging``) is dropped when no part and no ``staged``
+# came for this long: a JIT save that slow could not finish within a grace period anyway.
+PARTIAL_SECONDS = 300.0
 
 log = logging.getLogger("jitckpt.agent")
 
@@ -121,6 +124,8 @@ class Agent:
         self.server: ProtocolServer | None = None
         self.state_dir = shim_target.parent / STATE_SUBDIR if shim_target is not None else None
         self.staged_jobs = staging.StagingArea(config.local_dir, self.state_dir)
+        self.partial_seconds = PARTIAL_SECONDS
+        self._partial_timers: dict[Peer, asyncio.TimerHandle] = {}
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -399,6 +404,7 @@ class Agent:
         """The agent's entries in the server's op table."""
         server.on(protocol.Hello, self.hello)
         server.on(protocol.Staged, self.staged)
+        server.on(protocol.Staging, self.staging)
         server.on(protocol.Sigterm, self.sigterm)
         server.on(protocol.Progress, self.progress)
         server.on(protocol.Status, self.status)
@@ -429,18 +435,26 @@ class Agent:
         )
 
     async def staged(self, peer: Peer, request: protocol.Staged) -> protocol.Answer:
+        streamed = self.staged_jobs.partial_of(peer)
         try:
-            job = await asyncio.to_thread(self.staged_jobs.accept, request, time.time())
+            job = await asyncio.to_thread(self.staged_jobs.accept, request, time.time(), peer)
         except staging.StagingError as exc:
             log.error("refused a staged checkpoint: %s", exc)
+            if streamed is not None:  # this connection's checkpoint will not be completed
+                await self._drop_partial(peer, f"a staged request was refused: {exc}")
             return protocol.ErrorAnswer.of(str(exc))
+        if streamed is job:
+            self._stop_partial_timer(peer)
+            assert job.arrivals is not None
+            job.arrivals.close()
         if job.kind == protocol.KIND_JIT:
             self.grace.saved()
         size = job.size
         if job.kind != protocol.KIND_FINAL:  # the model alone says nothing of a checkpoint's size
             self.grace.last_checkpoint_bytes = size
             self._check_grace()
-        await self.uploader.submit(job)
+        if streamed is not job:
+            await self.uploader.submit(job)
         log.info(
             "accepted checkpoint-%d (%s, %d files, %d bytes)",
             job.step,
@@ -452,6 +466,54 @@ class Agent:
             self.events.post(events.SAVED, f"checkpoint-{job.step} ({job.kind}) saved, uploading")
         )
         return protocol.StagedAnswer(id=job.id)
+
+    async def staging(self, peer: Peer, request: protocol.Staging) -> protocol.Answer:
+        """Files of a JIT checkpoint still being written: uploaded at once, committed only
+        once a ``staged`` on this connection completes the checkpoint."""
+        if request.kind != protocol.KIND_JIT:
+            return protocol.ErrorAnswer.of("only a JIT checkpoint is staged in parts")
+        known = self.staged_jobs.partial_of(peer)
+        try:
+            job = await asyncio.to_thread(self.staged_jobs.accept_part, request, time.time(), peer)
+        except staging.StagingError as exc:
+            log.error("refused a part of a staged checkpoint: %s", exc)
+            return protocol.ErrorAnswer.of(str(exc))
+        assert job.arrivals is not None
+        self._stop_partial_timer(peer)
+        loop = asyncio.get_running_loop()
+        self._partial_timers[peer] = loop.call_later(
+            self.partial_seconds,
+            lambda: self._spawn(
+                self._drop_partial(peer, f"no part came for {self.partial_seconds:g}s")
+            ),
+        )
+        if known is None:
+            await self.uploader.submit(job)
+        job.arrivals.wake()
+        log.info(
+            "checkpoint-%d (%s) streamed: %s (%d files so far)",
+            job.step,
+            job.kind,
+            ", ".join(request.files)[:200],
+            len(job.files),
+        )
+        return protocol.StagedAnswer(id=job.id)
+
+    def _stop_partial_timer(self, peer: Peer) -> None:
+        timer = self._partial_timers.pop(peer, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def _drop_partial(self, peer: Peer, why: str) -> None:
+        """The checkpoint ``peer`` was streaming will never be complete: never committed,
+        its uploads cancelled (multipart ones aborted), its links removed."""
+        self._stop_partial_timer(peer)
+        job = self.staged_jobs.partial_of(peer)
+        if job is None:
+            return
+        text = f"incomplete checkpoint dropped: {why}"
+        log.warning("checkpoint-%d (%s) streamed in parts: %s", job.step, job.kind, text)
+        await self.uploader.withdraw(job, text)
 
     async def sigterm(self, peer: Peer, request: protocol.Sigterm) -> protocol.Answer:
         if not self.grace.started:
@@ -484,3 +546,4 @@ class Agent:
     async def closed(self, peer: Peer) -> None:
         if peer.lease:
             self.presence.released()
+        await self._drop_partial(peer, "its connection closed before the checkpoint was complete")

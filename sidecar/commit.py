@@ -4,6 +4,10 @@ The manifest is written only after every file is in the store, so a crash at
 any point leaves either a committed node or one without a manifest, which
 the validity rule calls torn. Re-running a commit is safe: objects are simply
 overwritten with the same bytes.
+
+A checkpoint streamed while it is being written (``arrivals``) has each file
+uploaded as soon as it is accepted; its manifest still comes last, once the
+arrivals are closed (the checkpoint complete) and every file is uploaded.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar import manifest as mf
+from sidecar.arrivals import Arrivals
 from sidecar.safefs import OpenedFile
 from sidecar.storage.base import PartGate, Store
 
@@ -44,12 +49,19 @@ async def commit_node(
     pod: str = "",
     job: str = "",
     gate: PartGate | None = None,
+    arrivals: Arrivals | None = None,
 ) -> CommitResult:
-    """Upload ``files`` under ``checkpoint-<step>/`` and commit."""
+    """Upload ``files`` under ``checkpoint-<step>/`` and commit (``arrivals``: the files
+    arrive while this runs, ``files`` is ignored)."""
     started = time.monotonic()
-    entries, retries = await upload_files(
-        store, files, lambda relative: mf.file_key(step, relative), gate
-    )
+
+    def key_of(relative: str) -> str:
+        return mf.file_key(step, relative)
+
+    if arrivals is None:
+        entries, retries = await upload_files(store, files, key_of, gate)
+    else:
+        entries, retries = await upload_arriving(store, arrivals, key_of, gate)
     manifest = mf.Manifest(
         step=step,
         kind=kind,
@@ -85,3 +97,32 @@ async def upload_files(
 
     done = await asyncio.gather(*(one(f) for f in sorted(files, key=lambda f: f.name)))
     return [entry for entry, _ in done], sum(retries for _, retries in done)
+
+
+async def upload_arriving(
+    store: Store,
+    arrivals: Arrivals,
+    key_of: Callable[[str], str],
+    gate: PartGate | None = None,
+) -> tuple[list[mf.FileEntry], int]:
+    """``upload_files`` for files that arrive while it runs: each is started as soon as it
+    is accepted; the answer comes once the arrivals are closed and every upload is done
+    (one that fails cancels the others)."""
+    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
+
+    async def one(source: OpenedFile) -> tuple[list[mf.FileEntry], int]:
+        async with slots:
+            return await upload_files(store, [source], key_of, gate)
+
+    uploads: list[asyncio.Task[tuple[list[mf.FileEntry], int]]] = []
+    try:
+        async for source in arrivals.each():
+            uploads.append(asyncio.create_task(one(source)))
+        done = await asyncio.gather(*uploads)
+    except BaseException:
+        for task in uploads:
+            task.cancel()
+        await asyncio.gather(*uploads, return_exceptions=True)
+        raise
+    entries = sorted((e for found, _ in done for e in found), key=lambda e: e.path)
+    return entries, sum(retries for _, retries in done)

@@ -17,6 +17,14 @@ way and takes it only if every file is still the inode it accepted (device,
 inode, size); anything else is dropped with an error, never retried.
 Directories without a record were never acknowledged and are left alone.
 
+A JIT checkpoint may come in parts (``staging``) while it is being written:
+each part's files are opened the same way and added to one job, owned by
+the connection that sent it (one open job per connection); the ``staged`` of
+the same directory on that connection completes it, adding what is not held
+yet (a name held already must still be the inode accepted). Only a complete
+job is recorded, so a sidecar restart never uploads a partial one, and the
+agent drops a partial job whose connection goes away.
+
 The trainer may run as another user. The sidecar only needs to read the
 files and to unlink entries in the directories, so the shim makes staging
 directories mode 0777 (files keep HF's 0644); ``access_problems`` checks
@@ -38,6 +46,7 @@ from pathlib import Path, PurePosixPath
 from shim import layout, protocol
 from sidecar import manifest as mf
 from sidecar import safefs
+from sidecar.arrivals import Arrivals
 from sidecar.safefs import OpenedFile
 
 RECORD_SUFFIX = ".job.json"
@@ -64,6 +73,14 @@ class StagedJob:
     kind: str
     files: list[OpenedFile]
     staged_at: float  # wall clock, seconds since the epoch
+    # While parts still come (``staging``): the connection sending them, and the files as
+    # they arrive; both None for a job accepted whole.
+    owner: object | None = None
+    arrivals: Arrivals | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.owner is None
 
     @property
     def urgent(self) -> bool:
@@ -199,16 +216,18 @@ class StagingArea:
             raise StagingError(f"{raw} is not a directory directly under {self.dir}")
         return name
 
-    def accept(self, request: protocol.Staged, now: float) -> StagedJob:
+    def accept(self, request: protocol.Staged, now: float, owner: object = None) -> StagedJob:
         """Open the request's files and record the job before answering (DESIGN 6: ``ok``
-        means the sidecar owns the files)."""
+        means the sidecar owns the files). A partial job of ``owner`` in the same directory
+        is completed instead: its files are kept, the rest added."""
         job_id = self._job_id(request.dir)
         with self._lock:
-            if job_id in self._owned:
-                raise StagingError(f"{job_id} is staged already and not yet uploaded")
-            if len(self._owned) >= MAX_JOBS:
-                raise StagingError(f"{MAX_JOBS} staged checkpoints are waiting to be uploaded")
-            self._owned[job_id] = StagedJob(job_id, request.step, request.kind, [], now)
+            held = self._owned.get(job_id)
+            partial = held is not None and owner is not None and held.owner is owner
+            if not partial:
+                self._reserve(job_id, request, now)
+        if held is not None and partial:
+            return self._complete(held, request)
         try:
             return self._take(job_id, request, now)
         except BaseException:
@@ -216,15 +235,107 @@ class StagingArea:
                 self._owned.pop(job_id, None)
             raise
 
+    def _reserve(self, job_id: str, request: protocol.Staged, now: float) -> None:
+        """Claim ``job_id`` for a job being accepted (called with the lock held)."""
+        if job_id in self._owned:
+            raise StagingError(f"{job_id} is staged already and not yet uploaded")
+        if len(self._owned) >= MAX_JOBS:
+            raise StagingError(f"{MAX_JOBS} staged checkpoints are waiting to be uploaded")
+        self._owned[job_id] = StagedJob(job_id, request.step, request.kind, [], now)
+
+    def accept_part(self, request: protocol.Staging, now: float, owner: object) -> StagedJob:
+        """Open a part's files and add them to ``owner``'s partial job in that directory
+        (started by the first part; nothing is recorded until it is complete)."""
+        job_id = self._job_id(request.dir)
+        names = _checked_names(request.files)
+        with self._lock:
+            job = self._owned.get(job_id)
+            if job is None:
+                if any(j.owner is owner for j in self._owned.values()):
+                    raise StagingError("this connection is streaming another checkpoint already")
+                if len(self._owned) >= MAX_JOBS:
+                    raise StagingError(f"{MAX_JOBS} staged checkpoints are waiting to be uploaded")
+                files: list[OpenedFile] = []
+                job = StagedJob(
+                    job_id, request.step, request.kind, files, now, owner, Arrivals(files)
+                )
+                self._owned[job_id] = job
+                started = True
+            elif job.owner is not owner:
+                raise StagingError(f"{job_id} is staged already and not yet uploaded")
+            else:
+                started = False
+        try:
+            if (job.step, job.kind) != (request.step, request.kind):
+                raise StagingError(f"{job_id} is checkpoint-{job.step} ({job.kind})")
+            self._add(job, names)
+        except BaseException:
+            if started:
+                with self._lock:
+                    self._owned.pop(job_id, None)
+            raise
+        return job
+
+    def partial_of(self, owner: object) -> StagedJob | None:
+        """The job ``owner`` is still streaming, if any."""
+        with self._lock:
+            return next((j for j in self._owned.values() if j.owner is owner), None)
+
+    def _complete(self, job: StagedJob, request: protocol.Staged) -> StagedJob:
+        """The ``staged`` of a partial job: what it does not hold yet is added, then the
+        job is recorded and complete (still partial when refused: the agent drops it)."""
+        if (job.step, job.kind) != (request.step, request.kind):
+            raise StagingError(f"{job.id} is checkpoint-{job.step} ({job.kind})")
+        names = list(request.files) or self._walk(job.id)
+        self._add(job, _checked_names(tuple(names)))
+        try:
+            self._write_record(job)
+        except OSError as exc:
+            raise StagingError(f"cannot record the staged checkpoint: {exc}") from None
+        with self._lock:
+            job.owner = None
+        return job
+
+    def _add(self, job: StagedJob, names: list[str]) -> None:
+        """Open ``names`` into ``job``: a name it holds already must be the same inode."""
+        if not names:
+            return
+        held = {f.name: f for f in job.files}
+        fresh = [n for n in names if n not in held]
+        if len(job.files) + len(fresh) > mf.MAX_FILES:
+            raise StagingError(f"a checkpoint may have at most {mf.MAX_FILES} files")
+        opened = self._open_files(job.id, [*fresh, *(n for n in names if n in held)])
+        again = opened[len(fresh) :]
+        try:
+            for now in again:
+                before = held[now.name]
+                if (now.device, now.inode, now.size) != (before.device, before.inode, before.size):
+                    raise StagingError(f"file {now.name!r} is no longer the file accepted")
+        except BaseException:
+            for done in opened:
+                done.close()
+            raise
+        for now in again:
+            now.close()
+        job.files.extend(opened[: len(fresh)])
+
+    def _walk(self, job_id: str) -> list[str]:
+        staging = self._open_staging()
+        try:
+            directory = safefs.open_dir(staging, job_id)
+        except OSError as exc:
+            raise StagingError(f"{self.dir / job_id}: {_reason(exc)}") from None
+        finally:
+            os.close(staging)
+        try:
+            return safefs.walk_files(directory, mf.MAX_FILES, mf.MAX_DEPTH)
+        except OSError as exc:
+            raise StagingError(f"{job_id}: {_reason(exc)}") from None
+        finally:
+            os.close(directory)
+
     def _take(self, job_id: str, request: protocol.Staged, now: float) -> StagedJob:
-        names = list(request.files)
-        for name in names:
-            try:
-                mf.check_path(name)
-            except mf.PathError as exc:
-                raise StagingError(f"file {exc}") from None
-        if len(set(names)) != len(names):
-            raise StagingError("a file is listed twice")
+        names = _checked_names(request.files)
         files = self._open_files(job_id, names)
         job = StagedJob(id=job_id, step=request.step, kind=request.kind, files=files, staged_at=now)
         try:
@@ -394,6 +505,19 @@ class _Record:
         return StagedJob(
             id=self.id, step=self.step, kind=self.kind, files=files, staged_at=self.staged_at
         )
+
+
+def _checked_names(files: tuple[str, ...]) -> list[str]:
+    """Staged names as ``manifest.check_path`` allows them, each once."""
+    names = list(files)
+    for name in names:
+        try:
+            mf.check_path(name)
+        except mf.PathError as exc:
+            raise StagingError(f"file {exc}") from None
+    if len(set(names)) != len(names):
+        raise StagingError("a file is listed twice")
+    return names
 
 
 def _reason(exc: BaseException) -> str:

@@ -13,7 +13,11 @@ staged files changed since they were accepted is dropped after a few tries,
 with an error in the status. Checkpoints that a newer one made useless are
 dropped too (``sidecar/backlog.py``: at most one periodic checkpoint waits
 behind the one uploading; a commit drops every older one, an upload in flight
-included), each said in the status.
+included), each said in the status. A JIT checkpoint streamed while it is
+written (``staging``) is queued at its first file and uploads each file as it
+arrives; one whose process went away before completing it is withdrawn
+(``withdraw``): its uploads are cancelled, multipart ones aborted, and nothing
+of it is committed.
 """
 
 from __future__ import annotations
@@ -117,6 +121,20 @@ class Uploader:
         for old in queued:
             await self._supersede(old, why)
 
+    async def withdraw(self, job: StagedJob, why: str) -> None:
+        """Drop ``job`` (never completed): cancel its upload if one runs, say why."""
+        async with self._changed:
+            queued = self._pending.pop(job.id, None) is not None
+            if not queued and job.id in self._active:
+                self._superseded[job.id] = why
+                task = self._uploads.get(job.id)
+                if task is not None:
+                    task.cancel()
+            self._update()
+            self._changed.notify_all()
+        if queued or job.id not in self._active:  # not uploading: released here
+            await self._supersede(job, why)
+
     async def _supersede(self, job: StagedJob, why: str) -> None:
         self._failures.pop(job.id, None)
         log.info("dropping checkpoint-%d (%s): %s", job.step, job.kind, why)
@@ -162,9 +180,15 @@ class Uploader:
         rows: list[dict[str, object]] = []
         for state, jobs in (("uploading", self._active), ("queued", self._pending)):
             for job in sorted(jobs.values(), key=lambda j: (not j.urgent, -j.step)):
-                rows.append(
-                    {"step": job.step, "kind": job.kind, "state": state, "files": len(job.files)}
-                )
+                row: dict[str, object] = {
+                    "step": job.step,
+                    "kind": job.kind,
+                    "state": state,
+                    "files": len(job.files),
+                }
+                if not job.complete:
+                    row["streaming"] = True  # files still arriving while it is written
+                rows.append(row)
         return rows
 
     @property
@@ -221,6 +245,10 @@ class Uploader:
     ) -> str | None:
         """Run ``work`` (an upload, or the backoff before the next try) for ``job``: None when
         it ran to its end, or why, when a commit superseded the job meanwhile and cancelled it."""
+        why = self._superseded.pop(job.id, None)
+        if why is not None:  # withdrawn before its upload began
+            work.close()
+            return why
         task = asyncio.create_task(work)
         self._uploads[job.id] = task
         try:
@@ -285,6 +313,7 @@ class Uploader:
                 pod=cfg.pod_name,
                 job=cfg.job_name,
                 gate=gate,
+                arrivals=job.arrivals,
             )
         self._uploads.pop(job.id, None)  # committed: no longer cancelled as superseded
         self._failures.pop(job.id, None)
