@@ -36,7 +36,7 @@ import shutil
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import dist
 from .log import failed, say, say_once
@@ -85,6 +85,9 @@ def _storages(obj: Any, found: Dict[Any, Any]) -> None:
         if isinstance(obj, dict):
             for key in obj:
                 _storages(key, found)
+            attributes = getattr(obj, "__dict__", None)
+            if attributes:  # a state_dict's _metadata
+                _storages(dict(attributes), found)
     elif not _immutable(obj):
         raise Unsupported("a %s" % type(obj).__name__)
 
@@ -98,14 +101,43 @@ def storage_key(tensor: Any) -> StorageKey:
     return (str(tensor.device), storage.data_ptr(), storage.nbytes())
 
 
-def _containers(obj: Any) -> Any:
+def _containers(obj: Any, memo: Optional[Dict[int, Any]] = None) -> Any:
     """``obj`` with its dicts, lists and tuples copied and its tensors the same objects: the
-    structure as the save passed it, whatever the loop does to its own containers later."""
+    structure as the save passed it, whatever the loop does to its own containers later.
+    A container met twice is copied once, and an OrderedDict keeps its attributes (a
+    ``state_dict``'s ``_metadata``): pickle writes the copy as it writes the original."""
+    memo = {} if memo is None else memo
+    if not isinstance(obj, (dict, list, tuple)):
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
     if isinstance(obj, dict):
-        return type(obj)((key, _containers(value)) for key, value in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_containers(item) for item in obj)
-    return obj
+        copied: Any = type(obj)()
+        memo[id(obj)] = copied
+        for key, value in obj.items():
+            copied[_containers(key, memo)] = _containers(value, memo)
+        attributes = getattr(obj, "__dict__", None)
+        if attributes:
+            copied.__dict__.update(copy.deepcopy(attributes))
+    else:
+        copied = type(obj)(_containers(item, memo) for item in obj)
+        memo[id(obj)] = copied
+    return copied
+
+
+def optimizer_storages(optimizers: Iterable[Any]) -> Set[StorageKey]:
+    """The storages only an optimizer step changes: the parameters these optimizers update
+    and their state (what the writer may copy during the next forward and backward)."""
+    found: Set[StorageKey] = set()
+    for optimizer in optimizers:
+        for group in getattr(optimizer, "param_groups", []):
+            for parameter in group.get("params", []):
+                found.add(storage_key(parameter))
+        for state in getattr(optimizer, "state", {}).values():
+            for value in state.values() if isinstance(state, dict) else []:
+                if hasattr(value, "untyped_storage"):
+                    found.add(storage_key(value))
+    return found
 
 
 # -- the optimizer step waits for the writer's copies ----------------------------------
@@ -114,12 +146,35 @@ _ACTIVE: "weakref.WeakSet[BackgroundSaves]" = weakref.WeakSet()
 _HOOK: List[Any] = []
 
 
-def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _wait_copied() -> None:
     for saves in list(_ACTIVE):
         try:
             saves.wait_copied()
         except Exception as exc:  # never into the user's optimizer step
             failed("waiting for the checkpoint copy", exc)
+
+
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
+    """Wait for the writer's copies before the step changes what they copy. A step given a
+    closure (Lightning's automatic optimization runs the forward and backward passes in it)
+    waits after the closure instead, so the copy overlaps them: torch's own optimizers call
+    the closure before they change anything; any other optimizer waits at once."""
+    if not any(not saves.copied() for saves in list(_ACTIVE)):
+        return None
+    closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args else None)
+    module = type(optimizer).__module__ or ""
+    if not callable(closure) or not module.startswith("torch.optim"):
+        _wait_copied()
+        return None
+
+    def then_wait(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        result = closure(*inner_args, **inner_kwargs)
+        _wait_copied()
+        return result
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": then_wait}
+    return (then_wait, *args[1:]), kwargs
 
 
 def _hook_installed() -> bool:
@@ -198,22 +253,33 @@ class Snapshot:
             self.event = torch.cuda.Event()
             self.event.record()
 
-    def rebuild(self, obj: Any) -> Any:
+    def rebuild(self, obj: Any, memo: Optional[Dict[int, Any]] = None) -> Any:
+        """``obj`` (the containers ``_containers`` copied) on the copies: what is met twice
+        is rebuilt once, an OrderedDict keeps its attributes."""
         import torch
 
+        memo = {} if memo is None else memo
+        if not isinstance(obj, (torch.Tensor, dict, list, tuple)):
+            return obj
+        if id(obj) in memo:
+            return memo[id(obj)]
+        rebuilt: Any
         if isinstance(obj, torch.Tensor):
             copied = self.copies[storage_key(obj)]
-            out = torch.empty(0, dtype=obj.dtype, device=copied.device)
-            out.set_(copied, obj.storage_offset(), obj.size(), obj.stride())
-            return out
-        if isinstance(obj, dict):
+            rebuilt = torch.empty(0, dtype=obj.dtype, device=copied.device)
+            rebuilt.set_(copied, obj.storage_offset(), obj.size(), obj.stride())
+        elif isinstance(obj, dict):
             rebuilt = type(obj)()
+            memo[id(obj)] = rebuilt
             for key, value in obj.items():
-                rebuilt[self.rebuild(key)] = self.rebuild(value)
-            return rebuilt
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self.rebuild(item) for item in obj)
-        return obj
+                rebuilt[self.rebuild(key, memo)] = self.rebuild(value, memo)
+            attributes = getattr(obj, "__dict__", None)
+            if attributes:
+                rebuilt.__dict__.update(attributes)
+        else:
+            rebuilt = type(obj)(self.rebuild(item, memo) for item in obj)
+        memo[id(obj)] = rebuilt
+        return rebuilt
 
     def ready(self) -> None:
         """Block until the device-to-host copies are done (the writer calls it first)."""
@@ -301,6 +367,9 @@ class BackgroundSaves:
         self.held_bytes = 0  # host memory the snapshot holds right now
         self.step_waited_seconds = 0.0  # optimizer steps' waits for the writer's copies
         self.waited_seconds = 0.0  # the last save's wait for the one before it
+        # Say once when a write is made at once because the snapshot cannot copy it: where a
+        # framework writes its whole checkpoint in one call (Lightning), that is every save.
+        self.explain_unsupported = False
 
     # -- set up by the integration ----------------------------------------------
     def intercept(self, owner: Any, name: str, after: bool = False) -> None:
@@ -315,6 +384,16 @@ class BackgroundSaves:
         """Whether ``checkpoint-<step>`` is being written (or written, not yet staged) here."""
         job = self._job
         return job is not None and job.step == step
+
+    def copied(self) -> bool:
+        """Whether the writer's copies of the save in flight are made (or none is in flight)."""
+        job = self._job
+        return job is None or job.copied.is_set()
+
+    def pending_step(self) -> Optional[int]:
+        """The step of the save being written (or written, not yet staged), or None."""
+        job = self._job
+        return None if job is None else job.step
 
     def wait_copied(self) -> None:
         """Before an optimizer step: the writer's copies of what it changes are made."""
@@ -397,7 +476,13 @@ class BackgroundSaves:
         storages: Dict[Any, Any] = {}
         try:
             _storages((args, kwargs), storages)
-        except Unsupported:
+        except Unsupported as exc:
+            if self.explain_unsupported:
+                say_once(
+                    "snapshot-unsupported:" + self.framework,
+                    "a %s checkpoint holds %s, which the snapshot cannot copy: it is "
+                    "written synchronously" % (self.framework, exc),
+                )
             return original(*args, **kwargs)  # small objects (arguments, RNG states): now
         size = sum(s.nbytes() for s in storages.values())
         if size < MIN_DEFERRED_BYTES:

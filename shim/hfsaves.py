@@ -77,19 +77,10 @@ def background_saves(trainer: Any, own_callback: type) -> Optional[asyncsave.Bac
 
 
 def optimizer_storages(trainer: Any) -> Set[asyncsave.StorageKey]:
-    """The storages only an optimizer step changes: the parameters the Trainer's optimizer
-    updates and that optimizer's state (what the writer may copy during the next step)."""
+    """The storages only the Trainer's optimizer step changes (``asyncsave``)."""
     optimizer = getattr(trainer, "optimizer", None)
     inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps the real one
-    found: Set[asyncsave.StorageKey] = set()
-    for group in getattr(inner, "param_groups", []):
-        for parameter in group.get("params", []):
-            found.add(asyncsave.storage_key(parameter))
-    for state in getattr(inner, "state", {}).values():
-        for value in state.values() if isinstance(state, dict) else []:
-            if hasattr(value, "untyped_storage"):
-                found.add(asyncsave.storage_key(value))
-    return found
+    return asyncsave.optimizer_storages([inner] if inner is not None else [])
 
 
 def _bindings() -> List[tuple]:

@@ -26,7 +26,11 @@ own and gets patches of its own). It patches:
 ``JitCallback`` agrees on the stop after each optimizer step (a batch end
 where ``global_step`` moved), saves through ``Trainer.save_checkpoint`` plus
 one small file per rank (random number generators, the epoch's data
-position), stages the directory, and exits 143 after a JIT save. When
+position), stages the directory, and exits 143 after a JIT save. Periodic
+saves are written behind the training loop where the configuration allows it
+(``lightningsaves``, ``asyncsave``) and staged at a later step end, once every
+rank's writer is done; a JIT save is synchronous and supersedes a periodic
+one still being written. When
 Lightning validates right after that batch, the save waits for the
 validation's end (Lightning's own save point there), so the resumed run,
 which does not validate again, draws the same random numbers.
@@ -46,7 +50,7 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import claim, dist, final, watcher
+from . import asyncsave, claim, dist, final, lightningsaves, watcher
 from .checkpoints import list_checkpoints
 from .config import ShimConfig
 from .lightning_data import Position
@@ -173,9 +177,12 @@ class Periodic:
 class FitSession:
     """The shim's state for one Lightning ``Trainer``."""
 
-    def __init__(self, trainer: Any, config: ShimConfig) -> None:
+    def __init__(self, trainer: Any, config: ShimConfig, strategy_base: Optional[type]) -> None:
         self.trainer = trainer
         self.config = config
+        self.strategy_base = strategy_base  # the package's Strategy (lightningsaves)
+        self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
+        self._saves_decided = False
         self.run = TrainingRun(config, FRAMEWORK, CHECKPOINT_FILE)
         self.position = Position()
         self.periodic = Periodic(config)
@@ -275,6 +282,8 @@ class FitSession:
             return  # gradients accumulate: no optimizer step in this batch
         self.last_step = step
         stop = self.run.at_step_end(*self.where())
+        if not stop:
+            self.stage_written(block=False)  # a periodic save written by now on every rank
         epoch_done = self._consumed(AT_BATCH_END) >= self.batches()
         if stop:
             kind = KIND_JIT
@@ -302,18 +311,31 @@ class FitSession:
     def save(self, kind: str, point: str) -> None:
         """Write ``checkpoint-<step>`` through Lightning on every rank, stage it; exit after JIT.
 
-        A JIT save that fails leaves SIGTERM to act as it would without the shim
-        (the handler that was there before, or death by the signal): training on
-        would end the run as if it had never been told to stop.
+        A periodic save is written in the background when it can be, and staged
+        once every rank's writer is done (``stage_written``); only one is in
+        flight, and a JIT save supersedes it. A JIT save that fails leaves
+        SIGTERM to act as it would without the shim (the handler that was there
+        before, or death by the signal): training on would end the run as if it
+        had never been told to stop.
         """
         trainer = self.trainer
         step = int(trainer.global_step)
         directory = self.run.checkpoint_path(step)
+        path = os.path.join(directory, CHECKPOINT_FILE)
+        saves = self._background()
         try:
+            if saves is not None and kind == KIND_JIT:
+                saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
+            elif saves is not None:
+                self.stage_written(block=True)  # one save in flight: wait, hand it over
             os.makedirs(directory, exist_ok=True)
             self._write_record(directory, point)
             dist.barrier()  # every rank file is written before the marker, the .ckpt, appears
-            trainer.save_checkpoint(os.path.join(directory, CHECKPOINT_FILE))
+            if saves is not None and kind == KIND_PERIODIC:
+                stable = lightningsaves.optimizer_storages(trainer)
+                saves.save(directory, step, lambda: trainer.save_checkpoint(path), stable)
+                return
+            trainer.save_checkpoint(path)
             self.run.stage(directory, step, kind)
         except Exception as exc:
             if kind != KIND_JIT:
@@ -326,6 +348,32 @@ class FitSession:
             raise
         if kind == KIND_JIT:
             self.run.exit_after_jit(*self.where())
+        self._rotate()
+
+    # -- periodic saves behind the loop ---------------------------------------------
+    def _background(self) -> Optional[asyncsave.BackgroundSaves]:
+        """The background saver, decided at the first save (the strategy is set up by then)."""
+        if not self._saves_decided:
+            self._saves_decided = True
+            self.saves = lightningsaves.background_saves(self.trainer, self.strategy_base)
+        return self.saves
+
+    def stage_written(self, block: bool) -> None:
+        """Collective: stage the periodic checkpoint written in the background, once every
+        rank's writer is done (``block``: wait for this rank's first)."""
+        if self.saves is not None:
+            self.saves.agree_and_stage(self._stage_periodic, block)
+
+    def training_ended(self, normally: bool) -> None:
+        """Training is over: what is still being written is written, and staged when the
+        ranks can agree (``normally``: every rank ends here too)."""
+        if self.saves is not None:
+            self.saves.finish(self._stage_periodic, normally)
+
+    def _stage_periodic(self, directory: str, step: int) -> None:
+        """Stage a checkpoint every rank wrote, then rotate: no save is in flight here, so
+        rotation never removes one still being written."""
+        self.run.stage(directory, step, KIND_PERIODIC)
         self._rotate()
 
     def _write_record(self, directory: str, point: str) -> None:
@@ -352,6 +400,7 @@ class FitSession:
             shutil.rmtree(path, ignore_errors=True)
 
     def end_train(self) -> None:
+        self.training_ended(normally=True)  # every rank is here: the agreement can run
         self.run.final_progress(*self.where())
 
     # -- the final model ----------------------------------------------------------------
@@ -445,7 +494,7 @@ class Integration:
                 "from the shim and trains unchanged" % (type(trainer.strategy).__name__, reason),
             )
             return None
-        session = FitSession(trainer, self.config)
+        session = FitSession(trainer, self.config, self.parts.strategy_class("Strategy"))
         self.sessions[trainer] = session
         trainer.callbacks.append(self.callback_type(session))
         say_once(
@@ -474,9 +523,15 @@ class Integration:
             if session is None:
                 return original(trainer, *args, **kwargs)
             FLAG.armed = self.config.jit
+            normally = False
             try:
                 result = original(trainer, *args, **kwargs)
+                normally = True
             finally:
+                try:
+                    session.training_ended(normally)
+                except Exception as exc:
+                    failed("finishing the checkpoint written in the background", exc)
                 session.run.disarm()
             session.trained = session.run.ended_normally(getattr(trainer, "lightning_module", None))
             return result
