@@ -1,6 +1,6 @@
 """The shim's side of the sidecar socket, built so that it can never stall training.
 
-Requests that need an answer (``hello``, ``staged``, ``bye``) and the final
+Requests that need an answer (``hello``, ``staged``, ``staging``, ``bye``) and the final
 ``progress`` report go over one connection guarded by a lock; the periodic
 ``progress`` reports go through a one-slot mailbox that a daemon thread drains
 (a slow sidecar makes them drop, never the training loop wait); ``sigterm`` is
@@ -175,6 +175,19 @@ class SidecarLink:
             request = dataclasses.replace(request, files=())
         answer = self.call(request, timeout=STAGED_TIMEOUT)
         return answer.id if isinstance(answer, protocol.StagedAnswer) else None
+
+    def stage_part(self, request: protocol.Staging) -> Optional[str]:
+        """Hand over files of a checkpoint still being written (``staging``); the staged id
+        once the sidecar holds them, else None. Parts and the ``staged`` that completes
+        them go over this same connection: the sidecar ties them to it."""
+        answer = self.call(request, timeout=STAGED_TIMEOUT)
+        return answer.id if isinstance(answer, protocol.StagedAnswer) else None
+
+    def reset(self) -> None:
+        """Close the request connection (the next request opens a fresh one): the sidecar
+        then drops a checkpoint this process was streaming and did not complete."""
+        with self._lock:
+            self._client.close()
 
     def sigterm(self, step: int) -> None:
         """Tell the sidecar that SIGTERM arrived, from a thread (safe inside a signal handler)."""

@@ -24,8 +24,9 @@ The save itself is HF's own ``_save_checkpoint``, asked for through
 are written behind the training loop where the configuration allows it
 (``hfsaves``, ``asyncsave``): ``_save_checkpoint`` is wrapped so its writes are
 snapshotted and made in the background, and the checkpoint is staged once
-every rank has written it; a JIT save is synchronous and supersedes a
-periodic one still being written.
+every rank has written it; a JIT save is synchronous, supersedes a
+periodic one still being written, and hands each file to the sidecar as soon
+as it is written (``TrainingRun.save_jit``).
 Everything is feature-detected: a transformers without what is needed here
 gets no integration and one message, and trains as if the shim were absent.
 """
@@ -143,11 +144,12 @@ class TrainerSession:
             self._saves_decided = True
             self.saves = hfsaves.background_saves(self.trainer, self.callback_type)
         saves = self.saves
-        if saves is None:
-            return save()
         step = int(self.trainer.state.global_step)
         if self.run.jit_step == step:
-            saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
+            if saves is not None:
+                saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
+            return self.run.save_jit(self.checkpoint_dir(step), step, save)
+        if saves is None:
             return save()
         self.stage_written(block=True)  # one save in flight: wait for it, hand it over
         stable = hfsaves.optimizer_storages(self.trainer)

@@ -61,18 +61,8 @@ def _let_sidecar_read(path: str) -> None:
         say_once("staging-mode", "cannot make staged files readable by the sidecar: %s" % exc)
 
 
-def stage(
-    checkpoint_dir: str,
-    staging_root: str,
-    step: int,
-    kind: str,
-    only: Optional[Sequence[str]] = None,
-) -> Staged:
-    """Link every file of ``checkpoint_dir`` (or ``only`` these, relative and ``/``-separated)
-    into a fresh ``staging_root/<id>/``.
-
-    What it returns is the ``staged`` request that hands the links to the sidecar.
-    """
+def new_target(checkpoint_dir: str, staging_root: str, kind: str) -> str:
+    """A fresh ``staging_root/<id>/`` for ``checkpoint_dir``, made (the id is its name)."""
     name = os.path.basename(os.path.normpath(checkpoint_dir))
     if not os.path.isdir(staging_root):
         _make_dir(staging_root)
@@ -80,13 +70,41 @@ def stage(
         staging_root, "%s-%s-%d-%d" % (name, kind, os.getpid(), time.time_ns())
     )
     _make_dir(target_root)
+    return target_root
+
+
+def link_file(checkpoint_dir: str, target_root: str, relative: str) -> None:
+    """Link one file (relative, ``/``-separated) of ``checkpoint_dir`` into ``target_root``."""
+    parts = relative.split("/")
+    for depth in range(1, len(parts)):  # each level made 0777, not just the leaf
+        _make_dir(os.path.join(target_root, *parts[:depth]))
+    _link(os.path.join(checkpoint_dir, *parts), os.path.join(target_root, *parts))
+
+
+def stage(
+    checkpoint_dir: str,
+    staging_root: str,
+    step: int,
+    kind: str,
+    *,
+    only: Optional[Sequence[str]] = None,
+    target_root: Optional[str] = None,
+    linked: Sequence[str] = (),
+) -> Staged:
+    """Link every file of ``checkpoint_dir`` (or ``only`` these, relative and ``/``-separated)
+    into a fresh ``staging_root/<id>/``, or into ``target_root`` where the files ``linked``
+    are already (a checkpoint streamed while it was written: ``streaming``).
+
+    What it returns is the ``staged`` request that hands the links to the sidecar.
+    """
+    if target_root is None:
+        target_root = new_target(checkpoint_dir, staging_root, kind)
     if only is not None:
         for relative in only:
-            parts = relative.split("/")
-            for depth in range(1, len(parts)):  # each level made 0777, not just the leaf
-                _make_dir(os.path.join(target_root, *parts[:depth]))
-            _link(os.path.join(checkpoint_dir, *parts), os.path.join(target_root, *parts))
+            if relative not in linked:
+                link_file(checkpoint_dir, target_root, relative)
         return Staged(step=step, kind=kind, dir=target_root, files=tuple(only))
+    done = set(linked)
     files: List[str] = []
     for here, dirs, names in os.walk(checkpoint_dir):
         dirs.sort()
@@ -95,7 +113,9 @@ def stage(
         if target_dir != target_root:
             _make_dir(target_dir)
         for file_name in sorted(names):
-            _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
             relative = file_name if relative_dir == "." else os.path.join(relative_dir, file_name)
-            files.append(relative.replace(os.sep, "/"))
+            relative = relative.replace(os.sep, "/")
+            if relative not in done:
+                _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
+            files.append(relative)
     return Staged(step=step, kind=kind, dir=target_root, files=tuple(files))

@@ -10,8 +10,9 @@ apart:
   rank of every node stops at the same step even when one pod got SIGTERM;
 - progress reports, and the final one at the end of training;
 - staging a written ``checkpoint-<step>`` for the sidecar (local rank 0, once
-  every local rank has written), and the exit with 143 after a JIT save,
-  without returning into the user's code;
+  every local rank has written), a JIT one streamed file by file while it is
+  written when the framework's save goes through ``save_jit`` (``streaming``),
+  and the exit with 143 after a JIT save, without returning into the user's code;
 - the final output (the trained model the program saves once training ended
   normally), handed to the sidecar when the process exits with status 0;
 - two things only ``jitckpt demo`` asks for, through env vars its generated
@@ -29,7 +30,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import dist, final, pids
+from . import dist, final, pids, streaming
 from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
@@ -82,6 +83,7 @@ class TrainingRun:
         self.jit_step: Optional[int] = None
         self.hold_at_step = config.demo_hold_at_step
         self._held = False
+        self._stream: Optional[streaming.Stream] = None  # the JIT checkpoint being streamed
         self.left = False  # some rank could no longer follow the loop: no more agreement
 
     # -- start ----------------------------------------------------------------
@@ -192,14 +194,40 @@ class TrainingRun:
             time.sleep(HOLD_POLL_SECONDS)
 
     # -- after the framework saved ----------------------------------------------
+    def save_jit(self, directory: str, step: int, save: Callable[[], Any]) -> Any:
+        """Run the framework's ``save`` of the JIT ``checkpoint-<step>`` into ``directory``;
+        on local rank 0 each file it writes is handed to the sidecar as soon as it is
+        complete, so the upload overlaps the save (``stage`` completes it)."""
+        stream: Optional[streaming.Stream] = None
+        try:
+            if dist.ranks()["local_rank"] == 0 and self.process.link.present():
+                stream = streaming.Stream(
+                    self.process.link, directory, self.config.staging_dir, step, KIND_JIT
+                )
+        except Exception as exc:
+            failed("streaming the JIT checkpoint", exc)
+        self._stream = stream
+        if stream is None:
+            return save()
+        with streaming.watching(stream):
+            return save()
+
     def stage(self, directory: str, step: int, kind: str) -> None:
-        """Every rank wrote ``directory``: local rank 0 hands it to the sidecar.
+        """Every rank wrote ``directory``: local rank 0 hands it to the sidecar (completing
+        it, when it was streamed while written).
 
         Collective. After a JIT save no rank leaves before the sidecar owns the files.
         """
         dist.barrier()  # every rank has finished writing its files
         if dist.ranks()["local_rank"] == 0:
-            hand_over(self.process.link, directory, self.config.staging_dir, step, kind)
+            stream, self._stream = self._stream, None
+            streamed = None
+            if stream is not None and (stream.step, stream.kind) == (step, kind):
+                streamed = stream.finish()
+                if streamed is not None:
+                    say("%s checkpoint-%d handed to the sidecar" % (kind, step))
+            if streamed is None:
+                hand_over(self.process.link, directory, self.config.staging_dir, step, kind)
         if kind == KIND_JIT:
             dist.barrier()
 

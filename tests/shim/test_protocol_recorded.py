@@ -2,8 +2,9 @@
 
 A tiny HF Trainer run with the shim active talks to the real agent through a
 recording Unix socket in between; it saves periodically, gets SIGTERM, saves a
-JIT checkpoint and exits 143, so the shim sends every op it has (``hello``,
-``progress``, ``staged``, ``sigterm``, ``bye``, ``lease``). Each request line
+JIT checkpoint (streamed file by file while it is written) and exits 143, so
+the shim sends every op it has (``hello``, ``progress``, ``staging``,
+``staged``, ``sigterm``, ``bye``, ``lease``). Each request line
 must parse with ``protocol.decode_request``, and each answer line of the agent
 with ``protocol.decode_answer`` for the request it answers; ops that are never
 answered must get no line back.
@@ -123,6 +124,11 @@ def test_the_shims_real_messages_and_the_agents_answers_parse(
     assert hello.pid == run.pid and hello.framework == "transformers"
     staged = [r for r in requests if isinstance(r, protocol.Staged)]
     assert {s.kind for s in staged} == {protocol.KIND_PERIODIC, protocol.KIND_JIT}
+    # The JIT checkpoint's files went one by one into the directory its staged completes.
+    [jit] = [s for s in staged if s.kind == protocol.KIND_JIT and s.step != refused.step]
+    parts = [r for r in requests if isinstance(r, protocol.Staging)]
+    assert parts and all(p.dir == jit.dir and p.step == jit.step for p in parts), parts
+    assert {name for p in parts for name in p.files} < set(jit.files)
     assert [r for r in requests if isinstance(r, protocol.Bye)] == [protocol.Bye(exit_code=143)]
     assert {type(a) for a in answers} == {
         protocol.HelloAnswer,

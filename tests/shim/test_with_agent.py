@@ -58,6 +58,13 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
     # save_total_limit=1 deleted the older directories locally...
     assert sorted(p.name for p in shim_env.checkpoints.iterdir()) == [f"checkpoint-{jit_step}"]
     agent.wait_for(lambda: agent.committed_step() == jit_step, 60, "the JIT commit")
+    # The JIT checkpoint was streamed: its upload began with its first file, before the
+    # save ended and the checkpoint was complete (the periodic ones were handed over whole).
+    log = agent.log()
+    streamed = log.index(f"checkpoint-{jit_step} (jit) streamed: ")
+    uploading = log.index(f"uploading checkpoint-{jit_step} (jit")
+    assert streamed < uploading < log.index(f"accepted checkpoint-{jit_step} (jit"), log
+    assert "(periodic) streamed" not in log
     objects = uploaded(local_s3, agent.destination)
     # ...yet every staged checkpoint went up whole, with its manifest, except one the
     # JIT commit superseded while it was still queued or uploading.

@@ -1,0 +1,161 @@
+"""A JIT checkpoint handed to the sidecar file by file while it is being written.
+
+During a JIT save on local rank 0, the functions that write a checkpoint's
+files (``torch.save`` and safetensors' ``save_file``, as frameworks call
+them) are wrapped: when one returns having written a file inside the
+checkpoint's directory, that file is complete. It is hard-linked into the
+checkpoint's staging directory at once and handed over with ``staging``, so
+the sidecar uploads it while the rest is being written. Once every rank has
+written, the usual ``staged`` hands over the rest (other ranks' files, small
+files written otherwise) into the same staging directory and completes the
+checkpoint; only then can the sidecar commit it.
+
+Streaming never stands in the way of the save: any failure (a sidecar that
+does not know ``staging``, a file written twice, an error of ours) ends it.
+The connection is reset, which makes the sidecar drop what it held of the
+checkpoint, and the checkpoint is handed over whole, as without streaming.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import threading
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+from .channel import SidecarLink
+from .log import failed, say_once
+from .protocol import Staging
+from .staging import link_file, new_target, stage
+
+# (module, function) of the writers watched, taken from sys.modules only: what the
+# program has not imported, it cannot be saving with.
+WRITERS: Tuple[Tuple[str, str], ...] = (
+    ("torch", "save"),
+    ("safetensors.torch", "save_file"),
+    ("transformers.modeling_utils", "safe_save_file"),  # HF's own name for save_file
+)
+
+
+def _target(args: Tuple[Any, ...], kwargs: Any) -> Any:
+    """The file a writer was asked to write: its second argument, or by keyword."""
+    if len(args) > 1:
+        return args[1]
+    return kwargs.get("f", kwargs.get("filename"))
+
+
+class Stream:
+    """One JIT checkpoint being streamed from this process."""
+
+    def __init__(
+        self, link: SidecarLink, directory: str, staging_root: str, step: int, kind: str
+    ) -> None:
+        self.link = link
+        self.directory = os.path.realpath(directory)
+        self.staging_root = staging_root
+        self.step = step
+        self.kind = kind
+        self.target: Optional[str] = None  # the staging directory, made at the first file
+        self.handed: List[str] = []  # relative names the sidecar took
+        self.broken = False
+        self._thread = threading.get_ident()  # the thread that saves
+
+    def _relative(self, path: Any) -> Optional[str]:
+        if not isinstance(path, (str, os.PathLike)):
+            return None  # a buffer or an open file: not a file known complete here
+        full = os.path.realpath(os.fspath(path))
+        if not full.startswith(self.directory + os.sep) or not os.path.isfile(full):
+            return None
+        return os.path.relpath(full, self.directory).replace(os.sep, "/")
+
+    def written(self, path: Any) -> None:
+        """A writer returned: hand its file over if it is one of this checkpoint's."""
+        if self.broken or threading.get_ident() != self._thread:
+            return
+        try:
+            relative = self._relative(path)
+            if relative is None:
+                return
+            if relative in self.handed:
+                self.abandon("%s was written twice" % relative)
+                return
+            if self.target is None:
+                self.target = new_target(self.directory, self.staging_root, self.kind)
+            link_file(self.directory, self.target, relative)
+            request = Staging(step=self.step, kind=self.kind, dir=self.target, files=(relative,))
+            if self.link.stage_part(request) is None:
+                self.abandon("the sidecar did not take %s" % relative)
+                return
+            self.handed.append(relative)
+        except Exception as exc:
+            failed("streaming %s to the sidecar" % path, exc)
+            self.abandon("an error while streaming")
+
+    def finish(self) -> Optional[str]:
+        """Hand over the rest and complete the checkpoint: its staged id, or None when
+        nothing was streamed or streaming failed (the caller hands it over whole)."""
+        if self.broken or self.target is None:
+            return None
+        try:
+            staged = stage(
+                self.directory,
+                self.staging_root,
+                self.step,
+                self.kind,
+                target_root=self.target,
+                linked=self.handed,
+            )
+            staged_id = self.link.stage(staged)
+        except Exception as exc:
+            failed("completing the streamed checkpoint-%d" % self.step, exc)
+            staged_id = None
+        if staged_id is None:
+            self.abandon("the sidecar did not complete it")
+        return staged_id
+
+    def abandon(self, why: str) -> None:
+        """Stop streaming: the sidecar drops what it held (the connection is reset), and
+        the checkpoint will be handed over whole."""
+        if self.broken:
+            return
+        self.broken = True
+        say_once(
+            "stream-abandoned",
+            "checkpoint-%d is handed over whole once written, not file by file: %s"
+            % (self.step, why),
+        )
+        self.link.reset()
+        if self.target is not None and not self.handed:
+            shutil.rmtree(self.target, ignore_errors=True)  # no sidecar holds these links
+
+
+@contextlib.contextmanager
+def watching(stream: Stream) -> Iterator[None]:
+    """Within the block, each watched writer that returns tells ``stream`` what it wrote."""
+    replaced: List[Tuple[Any, str, Callable[..., Any]]] = []
+    try:
+        for module_name, name in WRITERS:
+            module = sys.modules.get(module_name)
+            original = getattr(module, name, None)
+            if module is not None and callable(original):
+                setattr(module, name, _watched(original, stream))
+                replaced.append((module, name, original))
+    except Exception as exc:
+        failed("watching the checkpoint's writers", exc)
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(replaced):
+            setattr(module, name, original)
+
+
+def _watched(original: Callable[..., Any], stream: Stream) -> Callable[..., Any]:
+    def writer(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        stream.written(_target(args, kwargs))
+        return result
+
+    writer.__wrapped__ = original  # type: ignore[attr-defined]
+    return writer
