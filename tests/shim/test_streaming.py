@@ -1,0 +1,78 @@
+"""The shim's side of a JIT checkpoint streamed file by file (``shim/streaming.py``).
+
+Real agent, real S3 (moto), the shim's own link and writers watched as during
+a JIT save. When streaming cannot go on (here: a file written a second time
+after it was handed over, as an in-place rewrite would change bytes the
+sidecar may have uploaded), the sidecar drops what it held and the checkpoint
+is handed over whole, and what is committed is what was written last.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from local.s3server import LocalS3
+from shim import protocol, streaming
+from shim.channel import SidecarLink
+from shim.trainrun import hand_over
+from tests.shim.support import ShimEnv
+from tests.sidecar import shimtalk
+from tests.sidecar.agentproc import AgentProcess
+from tests.sidecar.helpers import bucket_objects
+
+
+def _link(agent: AgentProcess) -> SidecarLink:
+    link = SidecarLink(str(agent.socket), timeout=30)
+    assert isinstance(link.hello(shimtalk.hello(os.getpid())), protocol.HelloAnswer)
+    return link
+
+
+def test_file_written_twice_ends_streaming_and_the_checkpoint_goes_whole(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: LocalS3
+) -> None:
+    link = _link(agent)
+    directory = shim_env.checkpoints / "checkpoint-5"
+    directory.mkdir(parents=True)
+    staging = str(shim_env.local / "staging")
+    stream = streaming.Stream(link, str(directory), staging, 5, protocol.KIND_JIT)
+    with streaming.watching(stream):
+        torch.save({"w": torch.zeros(1000)}, directory / "model.pt")
+        assert stream.handed == ["model.pt"] and not stream.broken
+        [row] = agent.status()["queue"]
+        assert row["streaming"] is True
+        torch.save({"w": torch.ones(1000)}, str(directory / "model.pt"))
+        torch.save({"step": 5}, directory / "extra.pt")  # after the break: not streamed
+    assert not hasattr(torch.save, "__wrapped__")  # the writers are put back
+    assert stream.broken and stream.finish() is None
+    (directory / "trainer_state.json").write_text("{}")
+    assert hand_over(link, str(directory), staging, 5, protocol.KIND_JIT) is not None
+    agent.wait_for(lambda: agent.committed_step() == 5, 60, "the commit")
+    bucket, root = agent.destination.removeprefix("s3://").split("/", 1)
+    objects = bucket_objects(local_s3, bucket)
+    for name in ("model.pt", "extra.pt", "trainer_state.json"):
+        assert objects[f"{root}/checkpoint-5/{name}"] == (directory / name).read_bytes()
+    dropped = agent.status()["superseded"]
+    assert [d["step"] for d in dropped] == [5] and "connection closed" in dropped[0]["reason"]
+    agent.wait_for(lambda: not any(Path(staging).iterdir()), 30, "staging cleanup")
+
+
+def test_writes_outside_the_checkpoint_or_on_other_threads_are_not_streamed(
+    shim_env: ShimEnv, agent: AgentProcess, tmp_path: Path
+) -> None:
+    link = _link(agent)
+    directory = shim_env.checkpoints / "checkpoint-6"
+    directory.mkdir(parents=True)
+    staging = str(shim_env.local / "staging")
+    stream = streaming.Stream(link, str(directory), staging, 6, protocol.KIND_JIT)
+    with streaming.watching(stream):
+        torch.save({"w": 1}, tmp_path / "elsewhere.pt")
+        worker = threading.Thread(target=torch.save, args=({"w": 2}, directory / "other.pt"))
+        worker.start()
+        worker.join()
+    assert stream.handed == [] and stream.target is None and not stream.broken
+    assert stream.finish() is None  # nothing streamed: the caller hands it over whole
+    assert agent.status()["queue"] == []
