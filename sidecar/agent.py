@@ -436,6 +436,7 @@ class Agent:
 
     async def staged(self, peer: Peer, request: protocol.Staged) -> protocol.Answer:
         streamed = self.staged_jobs.partial_of(peer)
+        self._stop_partial_timer(peer)  # completed now, or dropped if refused
         try:
             job = await asyncio.to_thread(self.staged_jobs.accept, request, time.time(), peer)
         except staging.StagingError as exc:
@@ -444,9 +445,10 @@ class Agent:
                 await self._drop_partial(peer, f"a staged request was refused: {exc}")
             return protocol.ErrorAnswer.of(str(exc))
         if streamed is job:
-            self._stop_partial_timer(peer)
             assert job.arrivals is not None
             job.arrivals.close()
+        elif streamed is not None:  # another checkpoint: the streamed one still has its time
+            self._drop_partial_later(peer)
         if job.kind == protocol.KIND_JIT:
             self.grace.saved()
         size = job.size
@@ -473,20 +475,16 @@ class Agent:
         if request.kind != protocol.KIND_JIT:
             return protocol.ErrorAnswer.of("only a JIT checkpoint is staged in parts")
         known = self.staged_jobs.partial_of(peer)
+        self._stop_partial_timer(peer)  # not dropped while this part is being accepted
         try:
             job = await asyncio.to_thread(self.staged_jobs.accept_part, request, time.time(), peer)
         except staging.StagingError as exc:
             log.error("refused a part of a staged checkpoint: %s", exc)
+            if known is not None:
+                self._drop_partial_later(peer)
             return protocol.ErrorAnswer.of(str(exc))
         assert job.arrivals is not None
-        self._stop_partial_timer(peer)
-        loop = asyncio.get_running_loop()
-        self._partial_timers[peer] = loop.call_later(
-            self.partial_seconds,
-            lambda: self._spawn(
-                self._drop_partial(peer, f"no part came for {self.partial_seconds:g}s")
-            ),
-        )
+        self._drop_partial_later(peer)
         if known is None:
             await self.uploader.submit(job)
         job.arrivals.wake()
@@ -498,6 +496,15 @@ class Agent:
             len(job.files),
         )
         return protocol.StagedAnswer(id=job.id)
+
+    def _drop_partial_later(self, peer: Peer) -> None:
+        """Drop ``peer``'s partial checkpoint if nothing more comes for it in time."""
+        self._partial_timers[peer] = asyncio.get_running_loop().call_later(
+            self.partial_seconds,
+            lambda: self._spawn(
+                self._drop_partial(peer, f"nothing more came for {self.partial_seconds:g}s")
+            ),
+        )
 
     def _stop_partial_timer(self, peer: Peer) -> None:
         timer = self._partial_timers.pop(peer, None)
