@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
@@ -59,6 +60,14 @@ def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
             views.pop(0)
         if written:
             views[0] = views[0][written:]
+
+
+def _body(data: bytes) -> io.BufferedReader:
+    """A request body that streams ``data`` without copying it whole: given bytes,
+    botocore wraps them in a BytesIO, whose buffer aiohttp takes (getbuffer), which copies
+    every byte of the part once more (about 0.7 s of CPU per GB here, and twice the part
+    in memory); a reader over the shared bytes is sent in small pieces instead."""
+    return io.BufferedReader(io.BytesIO(data))
 
 
 def endpoint_from_env(env: Mapping[str, str]) -> str | None:
@@ -224,7 +233,7 @@ class S3Store(Store):
                 lambda: client.put_object(
                     Bucket=self._bucket,
                     Key=self._key(key),
-                    Body=data,
+                    Body=_body(data),
                     ChecksumAlgorithm="CRC32C",
                     ChecksumCRC32C=crc32c,
                 ),
@@ -261,7 +270,7 @@ class S3Store(Store):
                         Key=full,
                         UploadId=upload_id,
                         PartNumber=number,
-                        Body=data,
+                        Body=_body(data),
                         ChecksumCRC32C=crc,
                     ),
                 )

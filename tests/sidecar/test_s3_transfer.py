@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,47 @@ def test_put_rejects_a_stated_crc_the_bytes_do_not_have(
             assert await s3.head("checkpoint-3/w.bin") is None
 
     asyncio.run(go())
+
+
+# Beyond the parts themselves: pieces being signed and sent (1 MiB and 256 KiB each).
+PIECES = 3 * MIB
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(12 * MIB, 16 * MIB, 1), (20 * MIB, 5 * MIB, 2)],
+    ids=["one put", "two parts in flight"],
+)
+def test_a_put_holds_each_part_in_memory_once(
+    shape: tuple[int, int, int], tmp_path: Path, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """What Python allocates while parts are in flight is one copy of each part and small
+    pieces: a body handed to botocore as bytes was copied whole once more on its way to
+    the socket (twice each part in memory, for a sidecar with a memory limit)."""
+    size, part_size, concurrency = shape
+    source = tmp_path / "src.bin"
+    source.write_bytes(os.urandom(size))
+    in_flight = min(size, concurrency * part_size)
+
+    async def go() -> int:
+        async with S3Store(
+            bucket,
+            "team/ns/job",
+            f"s3://{bucket}/team/ns/job",
+            part_size=part_size,
+            concurrency=concurrency,
+            read_timeout=10.0,
+            max_attempts=2,
+        ) as s3:
+            await s3.list_objects()  # the client made, as the agent's access probe does
+            tracemalloc.start()
+            try:
+                result = await s3.put_file("checkpoint-4/w.bin", open_path(source))
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert result.crc32c == checksum.of_file(source)
+            return peak
+
+    peak = asyncio.run(go())
+    assert in_flight <= peak < in_flight + concurrency * PIECES
