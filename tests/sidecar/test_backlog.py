@@ -19,6 +19,7 @@ import pytest
 from local.s3server import LocalS3
 from shim import protocol
 from shim.channel import Client
+from shim.staging import link_file, new_target
 from shim.staging import stage as shim_stage
 from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
@@ -59,15 +60,24 @@ class HFLikeTrainer:
         self.client = Client(str(agent.socket))
         assert isinstance(self.client.call(shimtalk.hello(pid)), protocol.HelloAnswer)
 
-    def save(self, step: int, kind: str = protocol.KIND_PERIODIC) -> None:
+    def save(self, step: int, kind: str = protocol.KIND_PERIODIC, stream: bool = False) -> None:
+        """``stream``: each file is handed over as soon as it is written (``staging``), as
+        the shim does with a JIT save, and the ``staged`` completes the checkpoint."""
         directory = self.output / f"checkpoint-{step}"
         directory.mkdir(parents=True)
+        staging = str(self.agent.staging)
+        target = new_target(str(directory), staging, kind) if stream else None
         for name, size in FILES.items():
             (directory / name).write_bytes(os.urandom(size))
+            if target is not None:
+                link_file(str(directory), target, name)
+                part = protocol.Staging(step=step, kind=kind, dir=target, files=(name,))
+                assert isinstance(self.client.call(part), protocol.StagedAnswer)
         kept = sorted(self.output.iterdir(), key=lambda p: int(p.name.split("-")[1]))
         for old in kept[:-SAVE_TOTAL_LIMIT]:
             shutil.rmtree(old)
-        staged = shim_stage(str(directory), str(self.agent.staging), step, kind)
+        linked = list(FILES) if stream else []
+        staged = shim_stage(str(directory), staging, step, kind, target_root=target, linked=linked)
         answer = self.client.call(staged)
         assert isinstance(answer, protocol.StagedAnswer), answer
 
@@ -133,8 +143,9 @@ def test_backlog_stays_within_save_total_limit_plus_one(
     assert agent.terminate() == 0
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 def test_pod_ends_once_the_jit_checkpoint_is_committed(
-    agent: AgentProcess, proxy: FaultProxy, local_s3: LocalS3, bucket: str
+    agent: AgentProcess, proxy: FaultProxy, local_s3: LocalS3, bucket: str, streamed: bool
 ) -> None:
     # The periodic uploads crawl; the JIT one (checkpoint-4) is not held back by the store.
     proxy.delay(2.0, times=10_000, method="PUT", path=r"/checkpoint-[1-3]/")
@@ -148,7 +159,7 @@ def test_pod_ends_once_the_jit_checkpoint_is_committed(
     assert trainer.client.call(protocol.Sigterm(step=4)) == protocol.OkAnswer()
     assert agent.process is not None
     agent.process.terminate()
-    trainer.save(4, protocol.KIND_JIT)
+    trainer.save(4, protocol.KIND_JIT, stream=streamed)
     trainer.close(143)
     assert agent.wait(60) == 0
 
@@ -159,6 +170,7 @@ def test_pod_ends_once_the_jit_checkpoint_is_committed(
     assert sorted(message["superseded"]) == [1, 2, 3]
     log = agent.log()
     committed = log.index("committed checkpoint-4 (jit")
+    assert ("checkpoint-4 (jit) streamed: model.safetensors" in log) == streamed
     assert log.index("dropping checkpoint-1 (periodic): superseded by the committed") > committed
     assert log.index("dropping checkpoint-3 (periodic): superseded by the committed") > committed
     assert "committed checkpoint-1" not in log and "committed checkpoint-3" not in log
