@@ -566,10 +566,16 @@ class BackgroundSaves:
         job = self._job
         if job is None:
             return
+        in_flight = not job.done.is_set()
         job.cancel.set()
         self.wait()
         if job.state != _WRITTEN:
             say("checkpoint-%d was being written when the JIT save began: dropped" % job.step)
+        elif in_flight:  # its writer was past the last point where it could stop
+            say(
+                "checkpoint-%d was being written when the JIT save began: the JIT save "
+                "waited %.2f s for it" % (job.step, self.waited_seconds)
+            )
         self.agree_and_stage(stage, block=True)
 
     def finish(self, stage: Callable[[str, int], None], collective: bool) -> None:

@@ -1,0 +1,179 @@
+"""Periodic Lightning saves written behind the training loop: the same files, a correct JIT
+stop, and no checkpoint staged from a writer that did not finish.
+
+The script is the user-style Lightning script of the end-to-end tests, unchanged,
+with a wider hidden layer so a checkpoint is worth deferring (a few hundred KB for
+the byte comparison; about 100 MB where a save must still be in flight when the
+test acts). Lightning writes ``model.ckpt`` through fsspec: the bytes go to a
+temporary file in ``TMPDIR`` first, then are moved into place, so the test sees the
+writer mid-write when a file appears in the run's own ``TMPDIR``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from shim import asyncsave
+from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.test_lightning import SCRIPT, assert_bitwise_equal
+from tests.shim.test_with_agent import uploaded
+from tests.sidecar.agentproc import AgentProcess
+
+RANK_FILE = "jitckpt_rank_0.pt"
+# 16 inputs, 4 classes: about 84 bytes of parameters per hidden unit, three times that
+# with AdamW's state.
+SMALL = ["--hidden", "2048"]  # about 0.5 MB a checkpoint
+LARGE = ["--hidden", "400000"]  # about 100 MB a checkpoint
+
+
+def _wait_for_file(proc: Proc, path: Path, timeout: float = 120.0) -> None:
+    """Poll closely for ``path`` (the run goes on: the window after it is short)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return
+        if proc.popen.poll() is not None:
+            break
+        time.sleep(0.002)
+    raise AssertionError(f"{path} never appeared; output:\n{proc.output()[-4000:]}")
+
+
+def _wait_mid_write(proc: Proc, record: Path, tmpdir: Path, timeout: float = 120.0) -> None:
+    """Until the save that wrote ``record`` has its writer writing ``model.ckpt``'s bytes."""
+    _wait_for_file(proc, record, timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.name.startswith("tmp") and p.is_file() for p in tmpdir.iterdir()):
+            return  # fsspec's temporary file (mkstemp's name), until it is moved into place
+        if proc.popen.poll() is not None:
+            break
+        time.sleep(0.001)
+    raise AssertionError(f"no write in {tmpdir}; output:\n{proc.output()[-4000:]}")
+
+
+def test_background_save_writes_what_lightning_writes_and_resumes_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    # The same output directory for both runs, empty at each start: Lightning's
+    # ModelCheckpoint state names it (and the logger's version directory in it).
+    out = tmp_path / "out"
+    common = [PYTHON, SCRIPT, "--output-dir", str(out), "--max-steps", "12", *SMALL]
+    periodic = {"JITCKPT_SAVE_STEPS": "4"}
+    sync_env = ShimEnv(tmp_path / "sync")
+    sync = spawn(common, {**sync_env.env, **periodic, asyncsave.ENV_ASYNC_SAVE: "false"})
+    assert sync.wait() == 0, sync.output()
+    assert "periodic checkpoints are saved synchronously: JITCKPT_ASYNC_SAVE is false" in (
+        sync.output()
+    )
+    out.rename(tmp_path / "sync-out")
+
+    background = spawn(common, {**shim_env.env, **periodic})
+    assert background.wait() == 0, background.output()
+    output = background.output()
+    assert "periodic checkpoints are written behind the training loop" in output
+    for step in (4, 8, 12):
+        assert f"checkpoint-{step} written behind the training loop" in output
+    assert checkpoint_steps(shim_env.checkpoints) == [4, 8, 12]
+    # Byte for byte what Lightning's synchronous save wrote.
+    for step in (4, 8, 12):
+        mine = shim_env.checkpoints / f"checkpoint-{step}"
+        theirs = sync_env.checkpoints / f"checkpoint-{step}"
+        assert sorted(p.name for p in mine.iterdir()) == [RANK_FILE, "model.ckpt"]
+        for name in (RANK_FILE, "model.ckpt"):
+            assert (mine / name).read_bytes() == (theirs / name).read_bytes(), (step, name)
+    assert_bitwise_equal(out / "final.ckpt", tmp_path / "sync-out" / "final.ckpt")
+
+    # A run that resumes from checkpoint-4, written in the background, ends with the
+    # weights of the uninterrupted run.
+    for step in (8, 12):
+        shutil.rmtree(shim_env.checkpoints / f"checkpoint-{step}")
+    resumed_out = tmp_path / "resumed"
+    resumed = spawn(
+        [PYTHON, SCRIPT, "--output-dir", str(resumed_out), "--max-steps", "12", *SMALL],
+        shim_env.env,
+    )
+    assert resumed.wait() == 0, resumed.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-4" in resumed.output()
+    assert_bitwise_equal(resumed_out / "final.ckpt", tmp_path / "sync-out" / "final.ckpt")
+
+
+@pytest.mark.slow
+def test_jit_stop_during_a_background_lightning_save_commits_a_correct_jit_checkpoint(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    common = ["--max-steps", "12", "--no-validate", *LARGE]
+    reference = spawn(
+        [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "reference"), *common],
+        shim_env.without_shim(),
+    )
+    assert reference.wait(timeout=300) == 0, reference.output()
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    cut = spawn(
+        [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "cut"), *common],
+        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", "TMPDIR": str(tmpdir)},
+    )
+    # SIGTERM while checkpoint-4's writer writes: the next step end agrees on the stop.
+    _wait_mid_write(cut, shim_env.checkpoints / "checkpoint-4" / RANK_FILE, tmpdir)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=300) == 143, cut.output()
+    output = cut.output()
+    jit_step = int(output.split("stopping at step ")[1].split(" ")[0])
+    assert jit_step in (5, 6)
+    assert "checkpoint-4 was being written when the JIT save began" in output
+    assert f"jit checkpoint-{jit_step} handed to the sidecar" in output
+    # checkpoint-4 was either finished (and staged as a fallback) or dropped: never torn.
+    for step in checkpoint_steps(shim_env.checkpoints):
+        assert (shim_env.checkpoints / f"checkpoint-{step}" / "model.ckpt").is_file(), step
+    agent.wait_for(lambda: agent.committed_step() == jit_step, 120, "the JIT commit")
+    assert jit_step in uploaded(local_s3, agent.destination)  # type: ignore[arg-type]
+
+    # The next run resumes from the JIT checkpoint and ends where the uninterrupted one did.
+    resumed = spawn(
+        [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "resumed"), *common], shim_env.env
+    )
+    assert resumed.wait(timeout=300) == 0, resumed.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-{jit_step}" in resumed.output()
+    assert_bitwise_equal(tmp_path / "resumed" / "final.ckpt", tmp_path / "reference" / "final.ckpt")
+
+
+@pytest.mark.slow
+def test_a_lightning_writer_killed_mid_write_stages_nothing_and_is_never_resumed(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    common = [PYTHON, SCRIPT, "--max-steps", "12", "--no-validate", *LARGE]
+    periodic = {"JITCKPT_SAVE_STEPS": "4"}
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    run = spawn(
+        [*common, "--output-dir", str(tmp_path / "out")],
+        {**shim_env.env, **periodic, "TMPDIR": str(tmpdir)},
+    )
+    run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=300)
+    _wait_mid_write(run, shim_env.checkpoints / "checkpoint-8" / RANK_FILE, tmpdir)
+    run.signal(signal.SIGKILL)
+    run.wait()
+    output = run.output()
+    assert "checkpoint-8" not in "".join(
+        line for line in output.splitlines() if "handed to the sidecar" in line
+    )
+    # Killed before model.ckpt (Lightning's completion mark, moved into place once whole).
+    assert not (shim_env.checkpoints / "checkpoint-8" / "model.ckpt").exists()
+    agent.wait_for(lambda: agent.committed_step() == 4, 120, "checkpoint-4 committed")
+    assert "accepted checkpoint-8" not in agent.log()
+    assert set(uploaded(local_s3, agent.destination)) == {4}  # type: ignore[arg-type]
+
+    # The container restarts in the same pod: it resumes from checkpoint-4, never the torn 8.
+    again = spawn([*common, "--output-dir", str(tmp_path / "again")], {**shim_env.env, **periodic})
+    assert again.wait(timeout=300) == 0, again.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-4" in again.output()
+    loaded = torch.load(
+        shim_env.checkpoints / "checkpoint-12" / "model.ckpt", map_location="cpu", mmap=True
+    )
+    assert loaded["global_step"] == 12
