@@ -50,9 +50,6 @@ STATE_SUBDIR = "agent"
 
 # Training processes remembered at once (``hello``); gone ones make room for new ones.
 MAX_CLIENTS = 256
-# A checkpoint streamed in parts (``staging``) is dropped when no part and no ``staged``
-# came for this long: a JIT save that slow could not finish within a grace period anyway.
-PARTIAL_SECONDS = 300.0
 
 log = logging.getLogger("jitckpt.agent")
 
@@ -124,7 +121,6 @@ class Agent:
         self.server: ProtocolServer | None = None
         self.state_dir = shim_target.parent / STATE_SUBDIR if shim_target is not None else None
         self.staged_jobs = staging.StagingArea(config.local_dir, self.state_dir)
-        self.partial_seconds = PARTIAL_SECONDS
         self._partial_timers: dict[Peer, asyncio.TimerHandle] = {}
 
     # -- lifecycle -----------------------------------------------------------
@@ -498,12 +494,12 @@ class Agent:
         return protocol.StagedAnswer(id=job.id)
 
     def _drop_partial_later(self, peer: Peer) -> None:
-        """Drop ``peer``'s partial checkpoint if nothing more comes for it in time."""
+        """Drop ``peer``'s partial checkpoint if nothing more comes for it in time
+        (``stream_idle_seconds``)."""
+        seconds = self.config.stream_idle_seconds
         self._partial_timers[peer] = asyncio.get_running_loop().call_later(
-            self.partial_seconds,
-            lambda: self._spawn(
-                self._drop_partial(peer, f"nothing more came for {self.partial_seconds:g}s")
-            ),
+            seconds,
+            lambda: self._spawn(self._drop_partial(peer, f"nothing more came for {seconds:g}s")),
         )
 
     def _stop_partial_timer(self, peer: Peer) -> None:

@@ -34,6 +34,8 @@ ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete
 ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
 # Seconds a socket connection that has not said hello may go without a complete line.
 ENV_SOCKET_IDLE_SECONDS = "JITCKPT_SOCKET_IDLE_SECONDS"
+# A JIT checkpoint streamed in parts is dropped when nothing more came for it this long.
+ENV_STREAM_IDLE_SECONDS = "JITCKPT_STREAM_IDLE_SECONDS"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
 DOWNLOAD_RANGE_SIZE = 64 * 1024 * 1024
@@ -113,6 +115,7 @@ class AgentConfig(BaseModel):
     torn_min_age: float = Field(default=3600.0, ge=0)
     trainer_start_timeout: float = Field(default=1800.0, gt=0)
     socket_idle_seconds: float = Field(default=120.0, gt=0)
+    stream_idle_seconds: float = Field(default=300.0, gt=0)
 
     @field_validator("destination")
     @classmethod
@@ -181,6 +184,7 @@ class AgentConfig(BaseModel):
             "torn_min_age": ENV_TORN_MIN_AGE,
             "trainer_start_timeout": ENV_TRAINER_START_TIMEOUT,
             "socket_idle_seconds": ENV_SOCKET_IDLE_SECONDS,
+            "stream_idle_seconds": ENV_STREAM_IDLE_SECONDS,
         }
         booleans = {"verify_ssl", "verify_access", "resume"}
         values: dict[str, object] = {

@@ -198,3 +198,35 @@ def test_hostile_parts_are_refused(
     assert not any(k.endswith(".jitckpt/node-0.json") for k in objects), sorted(objects)
     assert secret.exists()
     assert agent.terminate() == 0
+
+
+def test_checkpoint_never_completed_is_dropped_after_its_idle_time(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """The process lives on, its connection open, but the ``staged`` never comes: the
+    partial checkpoint is dropped once nothing more came for it in time, never committed,
+    and a late ``staged`` of it is refused."""
+    agent = AgentProcess(
+        root=tmp_path,
+        destination=f"s3://{bucket}/{ROOT}",
+        s3_env=s3_env,
+        extra_env={"JITCKPT_STREAM_IDLE_SECONDS": "1"},
+    )
+    try:
+        agent.start()
+        agent.wait_ready()
+        client = _hello(agent)
+        directory, _ = stage(agent.staging, "checkpoint-11-jit-1-1", {"model.bin": 1000})
+        assert isinstance(client.call(part(11, directory, ["model.bin"])), protocol.StagedAnswer)
+        agent.wait_for(lambda: agent.status()["queue"] == [], 30, "the checkpoint to be dropped")
+        status = agent.status()
+        assert [d["step"] for d in status["superseded"]] == [11], status
+        assert "nothing more came for 1s" in status["superseded"][0]["reason"]
+        answer = client.call(shimtalk.staged(11, "jit", directory, ["model.bin"]))
+        assert isinstance(answer, protocol.ErrorAnswer), answer
+        client.close()
+        assert agent.status()["last_committed"] is None
+        assert not any(k.endswith(".jitckpt/node-0.json") for k in bucket_objects(local_s3, bucket))
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
