@@ -220,9 +220,9 @@ class TrainingRun:
         """
         dist.barrier()  # every rank has finished writing its files
         if dist.ranks()["local_rank"] == 0:
-            stream, self._stream = self._stream, None
-            streamed = None
+            stream, streamed = self._stream, None
             if stream is not None and (stream.step, stream.kind) == (step, kind):
+                self._stream = None
                 streamed = stream.finish()
                 if streamed is not None:
                     say("%s checkpoint-%d handed to the sidecar" % (kind, step))
