@@ -13,6 +13,13 @@ remaining cost lands (its optimizer step waiting for the writer's copy, the
 writer competing for the cores; bench/timeline.py). Each save in each run is
 a sample.
 
+The Lightning path (bench/lightning_workload.py, an MLP with AdamW) is
+measured the same way at 500 MB (50 MB with --quick): jitckpt as it ships
+(periodic saves from ``JITCKPT_SAVE_STEPS``, written behind the loop, uploads
+running) against Lightning's own synchronous save at the same cadence
+(``ModelCheckpoint(every_n_train_steps)``, which calls
+``Trainer.save_checkpoint``, nothing uploaded).
+
     python -m bench.stall [--quick] [--reps N]
 """
 
@@ -22,14 +29,20 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import harness, timeline
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
+from bench.lightning_workload import hidden_for_state
 from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, workload_argv
 from shim.asyncsave import ENV_ASYNC_SAVE
+from shim.layout import ENV_SAVE_STEPS
+
+if TYPE_CHECKING:
+    from local.s3server import LocalS3
 
 NAME = "stall"
 BUCKET = "bench-stall"
@@ -37,6 +50,11 @@ JITCKPT = "jitckpt"
 JITCKPT_SYNC = "jitckpt, synchronous save"
 PLAIN = "plain transformers save"
 SUBJECTS = (JITCKPT, JITCKPT_SYNC, PLAIN)
+LIGHTNING_JITCKPT = JITCKPT  # the reference of its case, as in the HF cases
+LIGHTNING_PLAIN = "plain Lightning save"
+LIGHTNING_SUBJECTS = (LIGHTNING_JITCKPT, LIGHTNING_PLAIN)
+LIGHTNING_LAYERS = 3
+LIGHTNING_BATCH = 8
 SAVE_EVERY = 5
 SAVES_PER_RUN = 3
 MB = 1_000_000
@@ -69,6 +87,45 @@ def stalls(subject: str, shape: ModelShape, s3_env: dict[str, str], timeout: flo
         else:
             _train(argv, dict(os.environ), work, timeout)
         events = timeline.read(timeline_path)
+    return _blocked(events, max_steps)
+
+
+def lightning_stalls(
+    subject: str, hidden: int, s3_env: dict[str, str], timeout: float
+) -> list[float]:
+    """The blocked seconds of each periodic save of one Lightning training run."""
+    max_steps = SAVE_EVERY * SAVES_PER_RUN + 2
+    with tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
+        work = Path(tmp)
+        timeline_path = work / "timeline.jsonl"
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.lightning_workload",
+            "--output-dir",
+            str(work / "output"),
+            "--hidden-size",
+            str(hidden),
+            "--layers",
+            str(LIGHTNING_LAYERS),
+            "--batch-size",
+            str(LIGHTNING_BATCH),
+            "--max-steps",
+            str(max_steps),
+            "--timeline",
+            str(timeline_path),
+        ]
+        if subject == LIGHTNING_JITCKPT:
+            with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
+                env = {**node.trainer_env(), ENV_SAVE_STEPS: str(SAVE_EVERY)}
+                _train(argv, env, work, timeout)
+        else:
+            _train([*argv, "--save-steps", str(SAVE_EVERY)], dict(os.environ), work, timeout)
+        events = timeline.read(timeline_path)
+    return _blocked(events, max_steps)
+
+
+def _blocked(events: list[timeline.Event], max_steps: int) -> list[float]:
     saves = range(SAVE_EVERY, max_steps, SAVE_EVERY)
     return [timeline.blocked_seconds(events, step, saves) for step in saves]
 
@@ -121,7 +178,42 @@ def run(options: BenchOptions) -> list[Case]:
                     "while training goes on, plain transformers only saves",
                 )
             )
+        cases.append(_lightning_case(options, s3))
     return cases
+
+
+def _lightning_case(options: BenchOptions, s3: LocalS3) -> Case:
+    """The Lightning path at 500 MB (50 MB with --quick): jitckpt against Lightning's save."""
+    label, state_bytes = ("50 MB", 50 * MB) if options.quick else ("500 MB", 500 * MB)
+    hidden = hidden_for_state(state_bytes, LIGHTNING_LAYERS)
+    s3_env = s3.credentials_env()
+    samples: dict[str, list[float]] = {s: [] for s in LIGHTNING_SUBJECTS}
+    for rep in range(options.repetitions(3, 1)):
+        order = LIGHTNING_SUBJECTS if rep % 2 == 0 else LIGHTNING_SUBJECTS[::-1]
+        for subject in order:
+            s3.reset()
+            s3.create_bucket(BUCKET)
+            measured = lightning_stalls(subject, hidden, s3_env, timeout=900)
+            samples[subject] += [1000 * value for value in measured]
+            print(
+                f"[bench] stall Lightning {label} rep {rep} {subject}: "
+                + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
+                file=sys.stderr,
+                flush=True,
+            )
+    return Case(
+        benchmark=NAME,
+        case=f"Lightning, {label} state (h={hidden}, layers={LIGHTNING_LAYERS})",
+        metric="loop blocked per periodic save",
+        unit="ms",
+        lower_is_better=True,
+        series=[
+            Series(s, samples[s], {"save_steps": SAVE_EVERY, "saves_per_run": SAVES_PER_RUN})
+            for s in LIGHTNING_SUBJECTS
+        ],
+        note="stall, Lightning: as above; jitckpt's periodic saves (uploads running) against "
+        "ModelCheckpoint(every_n_train_steps) at the same cadence, nothing uploaded",
+    )
 
 
 if __name__ == "__main__":
