@@ -21,7 +21,7 @@ import torch
 
 from shim import asyncsave
 from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
-from tests.shim.test_lightning import SCRIPT, assert_bitwise_equal
+from tests.shim.test_lightning import SCRIPT, _two_nodes, assert_bitwise_equal
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
 
@@ -177,3 +177,36 @@ def test_a_lightning_writer_killed_mid_write_stages_nothing_and_is_never_resumed
         shim_env.checkpoints / "checkpoint-12" / "model.ckpt", map_location="cpu", mmap=True
     )
     assert loaded["global_step"] == 12
+
+
+@pytest.mark.slow
+def test_two_nodes_write_in_the_background_and_agree_before_staging(tmp_path: Path) -> None:
+    """DDP over two one-process nodes: global rank 0 defers model.ckpt, rank 1 writes only its
+    rank file; both take part in every agreement (no hang), and each node keeps every
+    checkpoint with what it wrote."""
+    nodes = _two_nodes(
+        tmp_path,
+        29547,
+        ["--output-dir", str(tmp_path / "out"), "--max-steps", "12", *SMALL],
+        {"JITCKPT_SAVE_STEPS": "4"},
+    )
+    try:
+        codes = [proc.wait(timeout=300) for _, proc in nodes]
+    finally:
+        for _, proc in nodes:
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+    outputs = [proc.output() for _, proc in nodes]
+    assert codes == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert all("fit() returned at step 12" in output for output in outputs)
+    for step in (4, 8, 12):
+        assert f"checkpoint-{step} written behind the training loop" in outputs[0]
+    (env0, _), (env1, _) = nodes
+    for step in (4, 8, 12):
+        assert sorted(p.name for p in (env0.checkpoints / f"checkpoint-{step}").iterdir()) == [
+            RANK_FILE,
+            "model.ckpt",
+        ]
+        assert [p.name for p in (env1.checkpoints / f"checkpoint-{step}").iterdir()] == [
+            "jitckpt_rank_1.pt"
+        ]

@@ -115,11 +115,14 @@ def test_a_jit_save_that_fails_leaves_sigterm_its_default_action(
     assert "fit() returned" not in output
 
 
-def _two_nodes(tmp_path: Path, port: int, args: list[str]) -> list[tuple[ShimEnv, Proc]]:
+def _two_nodes(
+    tmp_path: Path, port: int, args: list[str], extra_env: dict[str, str] | None = None
+) -> list[tuple[ShimEnv, Proc]]:
     """Two one-process "nodes" (torchrun each, own local dir), as two pods of a job."""
     nodes = []
     for rank in range(2):
         env = ShimEnv(tmp_path / f"node-{rank}")
+        env.env.update(extra_env or {})
         command = [
             TORCHRUN,
             "--nnodes=2",
