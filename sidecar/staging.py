@@ -269,12 +269,22 @@ class StagingArea:
             if (job.step, job.kind) != (request.step, request.kind):
                 raise StagingError(f"{job_id} is checkpoint-{job.step} ({job.kind})")
             self._add(job, names)
+            self._check_owned(job)
         except BaseException:
             if started:
                 with self._lock:
                     self._owned.pop(job_id, None)
             raise
         return job
+
+    def _check_owned(self, job: StagedJob) -> None:
+        """``job`` was not dropped (released) while files were being added to it; if it
+        was, what was added is closed too."""
+        with self._lock:
+            owned = self._owned.get(job.id) is job
+        if not owned:
+            job.close()
+            raise StagingError(f"{job.id} was dropped while files were being added to it")
 
     def partial_of(self, owner: object) -> StagedJob | None:
         """The job ``owner`` is still streaming, if any."""
@@ -288,6 +298,7 @@ class StagingArea:
             raise StagingError(f"{job.id} is checkpoint-{job.step} ({job.kind})")
         names = list(request.files) or self._walk(job.id)
         self._add(job, _checked_names(tuple(names)))
+        self._check_owned(job)
         try:
             self._write_record(job)
         except OSError as exc:
