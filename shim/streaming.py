@@ -8,7 +8,9 @@ checkpoint's staging directory at once and handed over with ``staging``, so
 the sidecar uploads it while the rest is being written. Once every rank has
 written, the usual ``staged`` hands over the rest (other ranks' files, small
 files written otherwise) into the same staging directory and completes the
-checkpoint; only then can the sidecar commit it.
+checkpoint; only then can the sidecar commit it. A file handed over must
+still be in the checkpoint, as the same inode, when it is completed (one
+written aside and renamed is not what the checkpoint holds).
 
 Streaming never stands in the way of the save: any failure (a sidecar that
 does not know ``staging``, a file written twice, an error of ours) ends it.
@@ -99,6 +101,10 @@ class Stream:
         if self.broken or self.target is None:
             return None
         try:
+            moved = self._moved()
+            if moved is not None:  # written aside and renamed, say: not what is committed
+                self.abandon("%s changed after it was handed over" % moved)
+                return None
             staged = stage(
                 self.directory,
                 self.staging_root,
@@ -114,6 +120,20 @@ class Stream:
         if staged_id is None:
             self.abandon("the sidecar did not complete it")
         return staged_id
+
+    def _moved(self) -> Optional[str]:
+        """A file handed over that the checkpoint no longer holds as that same inode."""
+        assert self.target is not None
+        for relative in self.handed:
+            parts = relative.split("/")
+            try:
+                now = os.lstat(os.path.join(self.directory, *parts))
+                handed = os.lstat(os.path.join(self.target, *parts))
+            except OSError:
+                return relative
+            if (now.st_dev, now.st_ino) != (handed.st_dev, handed.st_ino):
+                return relative
+        return None
 
     def abandon(self, why: str) -> None:
         """Stop streaming: the sidecar drops what it held (the connection is reset), and

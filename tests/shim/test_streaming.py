@@ -9,6 +9,7 @@ is handed over whole, and what is committed is what was written last.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -23,6 +24,8 @@ from tests.shim.support import ShimEnv
 from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import bucket_objects
+
+MANIFEST = ".jitckpt/node-0.json"
 
 
 def _link(agent: AgentProcess) -> SidecarLink:
@@ -76,3 +79,27 @@ def test_writes_outside_the_checkpoint_or_on_other_threads_are_not_streamed(
     assert stream.handed == [] and stream.target is None and not stream.broken
     assert stream.finish() is None  # nothing streamed: the caller hands it over whole
     assert agent.status()["queue"] == []
+
+
+def test_file_written_aside_and_renamed_is_not_committed_under_its_temporary_name(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: LocalS3
+) -> None:
+    """A writer that saves to a temporary name and renames it (as plain loops' own
+    state files are written): the temporary name was streamed, the checkpoint holds the
+    renamed file; it is handed over whole, and the commit has no temporary file (one
+    uploaded before the part was dropped is not in the manifest: a restore never reads it)."""
+    link = _link(agent)
+    directory = shim_env.checkpoints / "checkpoint-8"
+    directory.mkdir(parents=True)
+    staging = str(shim_env.local / "staging")
+    stream = streaming.Stream(link, str(directory), staging, 8, protocol.KIND_JIT)
+    with streaming.watching(stream):
+        torch.save({"w": torch.zeros(100)}, directory / "state.pt.tmp-1")
+        os.replace(directory / "state.pt.tmp-1", directory / "state.pt")
+    assert stream.handed == ["state.pt.tmp-1"]
+    assert stream.finish() is None and stream.broken
+    assert hand_over(link, str(directory), staging, 8, protocol.KIND_JIT) is not None
+    agent.wait_for(lambda: agent.committed_step() == 8, 60, "the commit")
+    bucket, root = agent.destination.removeprefix("s3://").split("/", 1)
+    manifest = json.loads(bucket_objects(local_s3, bucket)[f"{root}/checkpoint-8/{MANIFEST}"])
+    assert [entry["path"] for entry in manifest["files"]] == ["state.pt"]
