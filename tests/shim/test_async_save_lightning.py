@@ -21,6 +21,7 @@ import torch
 
 from shim import asyncsave
 from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.test_async_save import Disk
 from tests.shim.test_lightning import SCRIPT, _two_nodes, assert_bitwise_equal
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
@@ -149,6 +150,10 @@ def test_a_lightning_writer_killed_mid_write_stages_nothing_and_is_never_resumed
 ) -> None:
     common = [PYTHON, SCRIPT, "--max-steps", "12", "--no-validate", *LARGE]
     periodic = {"JITCKPT_SAVE_STEPS": "4"}
+    reference = spawn(
+        [*common, "--output-dir", str(tmp_path / "reference")], shim_env.without_shim()
+    )
+    assert reference.wait(timeout=300) == 0, reference.output()
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     run = spawn(
@@ -173,6 +178,10 @@ def test_a_lightning_writer_killed_mid_write_stages_nothing_and_is_never_resumed
     again = spawn([*common, "--output-dir", str(tmp_path / "again")], {**shim_env.env, **periodic})
     assert again.wait(timeout=300) == 0, again.output()
     assert f"resuming from {shim_env.checkpoints}/checkpoint-4" in again.output()
+    # checkpoint-4's parameters were copied during step 5's forward and backward (the
+    # optimizer step's closure): the values of the save's moment, so the run ends bitwise
+    # where the uninterrupted one did.
+    assert_bitwise_equal(tmp_path / "again" / "final.ckpt", tmp_path / "reference" / "final.ckpt")
     loaded = torch.load(
         shim_env.checkpoints / "checkpoint-12" / "model.ckpt", map_location="cpu", mmap=True
     )
@@ -210,3 +219,31 @@ def test_two_nodes_write_in_the_background_and_agree_before_staging(tmp_path: Pa
         assert [p.name for p in (env1.checkpoints / f"checkpoint-{step}").iterdir()] == [
             "jitckpt_rank_1.pt"
         ]
+
+
+class Config:
+    """A user's config object in a checkpoint: the snapshot cannot tell what it holds."""
+
+    def __init__(self) -> None:
+        self.width = 4
+
+
+def test_a_checkpoint_the_snapshot_cannot_copy_is_written_at_once_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning writes its whole checkpoint in one call: an object the snapshot cannot copy
+    makes that save synchronous, and the shim says so once."""
+    saves = asyncsave.BackgroundSaves("lightning")
+    saves.explain_unsupported = True
+    saves.intercept(Disk, "write")
+    path = tmp_path / "checkpoint-1" / "model.ckpt"
+    path.parent.mkdir()
+    checkpoint = {"state_dict": {"w": torch.ones(1 << 16)}, "hyper_parameters": Config()}
+    saves.save(str(path.parent), 1, lambda: Disk.write(checkpoint, path))
+    assert torch.load(path, weights_only=False)["state_dict"]["w"].sum() == 1 << 16  # now
+    assert saves.held_bytes == 0
+    err = capsys.readouterr().err
+    assert "a lightning checkpoint holds a Config, which the snapshot cannot copy" in err
+    staged: list[tuple[str, int]] = []
+    saves.agree_and_stage(lambda directory, step: staged.append((directory, step)), block=False)
+    assert staged == [(str(path.parent), 1)]
