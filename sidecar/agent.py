@@ -122,6 +122,8 @@ class Agent:
         self.state_dir = shim_target.parent / STATE_SUBDIR if shim_target is not None else None
         self.staged_jobs = staging.StagingArea(config.local_dir, self.state_dir)
         self._partial_timers: dict[Peer, asyncio.TimerHandle] = {}
+        # Streamed checkpoints completed and not yet committed: when they were completed.
+        self._completed_at: dict[str, float] = {}
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -316,7 +318,11 @@ class Agent:
             self.state.last_committed = done
             self.metrics.last_committed_step.set(done.step)
         self.metrics.committed.labels(job.kind).inc()
-        self.grace.uploaded(result.size, result.seconds, jit=job.kind == protocol.KIND_JIT)
+        # A streamed checkpoint's upload began during its save: what the grace period must
+        # still hold after the save is the part of the upload that came after it.
+        completed = self._completed_at.pop(job.id, None)
+        tail = result.seconds if completed is None else time.monotonic() - completed
+        self.grace.uploaded(result.size, tail, jit=job.kind == protocol.KIND_JIT)
         self._check_grace()
         log.info(
             "committed checkpoint-%d (%s, %d bytes in %.2fs, %d retries) at %s",
@@ -367,11 +373,13 @@ class Agent:
     async def _on_superseded(self, job: staging.StagedJob, why: str) -> None:
         """A newer checkpoint made ``job`` useless: its links go, ``/status`` says so."""
         self.state.dropped(job.step, job.kind, why)
+        self._completed_at.pop(job.id, None)
         await asyncio.to_thread(self.staged_jobs.release, job)
 
     async def _on_drop(self, job: staging.StagedJob, text: str) -> None:
         """A job that can never be uploaded as accepted: its links go, the error stays."""
         self.state.last_error = text
+        self._completed_at.pop(job.id, None)
         await asyncio.to_thread(self.staged_jobs.release, job)
 
     async def _apply_retention(self, store: Store) -> None:
@@ -443,6 +451,7 @@ class Agent:
         if streamed is job:
             assert job.arrivals is not None
             job.arrivals.close()
+            self._completed_at[job.id] = time.monotonic()
         elif streamed is not None:  # another checkpoint: the streamed one still has its time
             self._drop_partial_later(peer)
         if job.kind == protocol.KIND_JIT:
