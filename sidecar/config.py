@@ -38,6 +38,10 @@ ENV_SOCKET_IDLE_SECONDS = "JITCKPT_SOCKET_IDLE_SECONDS"
 ENV_STREAM_IDLE_SECONDS = "JITCKPT_STREAM_IDLE_SECONDS"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
+# With the default part size, a file up to this size goes in one request, as s5cmd sends
+# any file under its 50 MiB part size: a multipart upload costs two more requests and, on
+# stores that join the parts when it completes (moto), a second copy of every byte.
+SINGLE_PUT_MAX = 48 * 1024 * 1024
 DOWNLOAD_RANGE_SIZE = 64 * 1024 * 1024
 DOWNLOAD_CONCURRENCY = 8
 MIN_RANGE_SIZE = 1024 * 1024  # below this, per-request cost dominates any store
@@ -116,6 +120,14 @@ class AgentConfig(BaseModel):
     trainer_start_timeout: float = Field(default=1800.0, gt=0)
     socket_idle_seconds: float = Field(default=120.0, gt=0)
     stream_idle_seconds: float = Field(default=300.0, gt=0)
+
+    @property
+    def single_put_max(self) -> int:
+        """Files up to this size go in one request: a part size set in the env is also the
+        threshold (what JITCKPT_PART_SIZE says); with the default parts, SINGLE_PUT_MAX."""
+        if "part_size" in self.model_fields_set:
+            return self.part_size
+        return max(self.part_size, SINGLE_PUT_MAX)
 
     @field_validator("destination")
     @classmethod

@@ -21,6 +21,7 @@ def open_store(config: AgentConfig, root: JobRoot | None = None) -> Store:
             concurrency=config.concurrency,
             download_range_size=config.download_range_size,
             download_concurrency=config.download_concurrency,
+            single_put_max=config.single_put_max,
             read_timeout=config.s3_read_timeout,
             max_attempts=config.s3_max_attempts,
             verify_ssl=config.verify_ssl,

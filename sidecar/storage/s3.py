@@ -35,12 +35,16 @@ from sidecar.storage.base import (
     check_sent,
 )
 from sidecar.storage.retry import RetryPolicy
+from sidecar.storage.slots import Slots
 
 ENV_ENDPOINTS = ("AWS_S3_ENDPOINT", "AWS_ENDPOINT_URL")
 ENV_REGION = "AWS_DEFAULT_REGION"
 # Downloads write each range in pieces of this size as they arrive: ranges are large
 # (fewer requests), and buffering whole ones would not fit the sidecar's memory limit.
 WRITE_CHUNK = 4 * 1024 * 1024
+# A body smaller than a part takes room for 1/SMALL_BODIES_PER_PART of one among those in
+# flight, so small files go several per part without opening a connection each at will.
+SMALL_BODIES_PER_PART = 4
 # Buffers per vectored write: well under the kernel's IOV_MAX (1024).
 IOV_BATCH = 256
 
@@ -94,6 +98,7 @@ class S3Store(Store):
         max_attempts: int,
         download_range_size: int = DOWNLOAD_RANGE_SIZE,
         download_concurrency: int = DOWNLOAD_CONCURRENCY,
+        single_put_max: int | None = None,
         verify_ssl: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -101,7 +106,10 @@ class S3Store(Store):
         self._prefix = prefix.strip("/")
         self._uri = uri
         self.part_size = part_size
-        self._slots = asyncio.Semaphore(concurrency)
+        # Files up to this size go in one request (the part size unless told more).
+        self.single_put_max = max(part_size, single_put_max or part_size)
+        # Bytes of request bodies in flight: ``concurrency`` parts' worth (see slots.py).
+        self._slots = Slots(concurrency * part_size)
         self.range_size = download_range_size
         self._get_slots = asyncio.Semaphore(download_concurrency)
         self.policy = RetryPolicy(attempts=max_attempts)
@@ -199,45 +207,50 @@ class S3Store(Store):
     ) -> PutResult:
         size = source.size
         before = self.policy.retries
-        if size <= self.part_size:
-            data = await asyncio.to_thread(source.pread, 0, size)
-            await asyncio.to_thread(source.check_size)
-            sent = checksum.of_bytes(data)
-            check_sent(source.name, crc32c, sent)
-            await self._put(key, data, sent, gate)
+        if size <= self.single_put_max:
+            # Read only once the slots are held: what waits for them holds no memory.
+            async with self._slot(gate, size):
+                data = await asyncio.to_thread(source.pread, 0, size)
+                await asyncio.to_thread(source.check_size)
+                sent = checksum.of_bytes(data)
+                check_sent(source.name, crc32c, sent)
+                await self._put(key, data, sent)
             return PutResult(size=size, parts=1, retries=self.policy.retries - before, crc32c=sent)
         parts, sent = await self._multipart(key, source, crc32c, gate)
         return PutResult(size=size, parts=parts, retries=self.policy.retries - before, crc32c=sent)
 
     @contextlib.asynccontextmanager
-    async def _slot(self, gate: PartGate | None) -> AsyncIterator[None]:
-        """A connection slot, taken only while ``gate`` is open (re-checked once taken, so a
-        paused upload never sits on a slot the JIT upload needs)."""
+    async def _slot(self, gate: PartGate | None, size: int) -> AsyncIterator[None]:
+        """Room for a body of ``size`` bytes among those in flight, taken only while
+        ``gate`` is open (re-checked once taken, so a paused upload never sits on room the
+        JIT upload needs). A small body counts as a quarter part: at most four times
+        ``concurrency`` requests at once."""
+        count = max(size, self.part_size // SMALL_BODIES_PER_PART)
         while True:
             if gate is not None:
                 await gate.wait()
-            await self._slots.acquire()
+            await self._slots.acquire(count)
             if gate is None or gate.is_set():
                 break
-            self._slots.release()
+            self._slots.release(count)
         try:
             yield
         finally:
-            self._slots.release()
+            self._slots.release(count)
 
-    async def _put(self, key: str, data: bytes, crc32c: str, gate: PartGate | None = None) -> None:
+    async def _put(self, key: str, data: bytes, crc32c: str) -> None:
+        """One PutObject of ``data``; the caller holds its slots."""
         client = await self._c()
-        async with self._slot(gate):
-            await self.policy.run(
-                f"put {self._uri}/{key}",
-                lambda: client.put_object(
-                    Bucket=self._bucket,
-                    Key=self._key(key),
-                    Body=_body(data),
-                    ChecksumAlgorithm="CRC32C",
-                    ChecksumCRC32C=crc32c,
-                ),
-            )
+        await self.policy.run(
+            f"put {self._uri}/{key}",
+            lambda: client.put_object(
+                Bucket=self._bucket,
+                Key=self._key(key),
+                Body=_body(data),
+                ChecksumAlgorithm="CRC32C",
+                ChecksumCRC32C=crc32c,
+            ),
+        )
 
     async def _multipart(
         self, key: str, source: OpenedFile, crc32c: str | None, gate: PartGate | None
@@ -257,9 +270,9 @@ class S3Store(Store):
         count = (size + self.part_size - 1) // self.part_size
 
         async def part(number: int) -> tuple[dict[str, Any], int, int]:
-            async with self._slot(gate):
-                offset = (number - 1) * self.part_size
-                length = min(self.part_size, size - offset)
+            offset = (number - 1) * self.part_size
+            length = min(self.part_size, size - offset)
+            async with self._slot(gate, length):
                 data = await asyncio.to_thread(source.pread, offset, length)
                 value = google_crc32c.value(data)
                 crc = checksum.encode(value)
@@ -357,7 +370,8 @@ class S3Store(Store):
             raise VerificationError(f"{key}: CRC32C {actual} does not match manifest {crc32c}")
 
     async def put_bytes(self, key: str, data: bytes) -> None:
-        await self._put(key, data, checksum.of_bytes(data))
+        async with self._slot(None, len(data)):
+            await self._put(key, data, checksum.of_bytes(data))
 
     async def get_bytes(self, key: str, max_size: int) -> bytes:
         client = await self._c()
