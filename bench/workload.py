@@ -13,6 +13,9 @@ hand-written way: a flag, then HF's own save at the next step end, then exit).
 
     python -m bench.workload --output-dir DIR --hidden-size 256 --layers 3 \
         --max-steps 100000 --on-sigterm sync-save --timeline t.jsonl
+
+`BENCH_DEVICE=cuda` in the environment trains on the GPU (every benchmark that
+runs this script passes its environment on); the default is the CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from types import FrameType
 from typing import Any, TextIO
 
 ON_SIGTERM = ("none", "hf-jit", "sync-save")
+ENV_DEVICE = "BENCH_DEVICE"
+DEVICES = ("cpu", "cuda")
 
 
 def parameters(hidden_size: int, layers: int, vocab_size: int, positions: int) -> int:
@@ -49,14 +54,24 @@ def shape_for_state_bytes(target_bytes: int, vocab_size: int, positions: int) ->
 
 
 class Timeline:
-    """JSON lines of (event, step, t), flushed each line so a reader sees them live."""
+    """JSON lines of (event, step, t), flushed each line so a reader sees them live.
 
-    def __init__(self, path: Path | None) -> None:
+    On a GPU each event first waits for the kernels queued before it: a step's
+    end is when its work is done, not when the CPU finished queueing it (the
+    same wait for every subject).
+    """
+
+    def __init__(self, path: Path | None, device: str = "cpu") -> None:
         self._rank = int(os.environ.get("RANK", "0"))
         self._file: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        self._device = device
 
     def write(self, event: str, step: int) -> None:
         if self._file is not None:
+            if self._device == "cuda":
+                import torch
+
+                torch.cuda.synchronize()
             self._file.write(
                 json.dumps({"event": event, "step": step, "t": time.monotonic()}) + "\n"
             )
@@ -109,6 +124,9 @@ def main() -> int:
     arguments.add_argument("--on-sigterm", choices=ON_SIGTERM, default="none")
     arguments.add_argument("--timeline", type=Path, default=None)
     args = arguments.parse_args()
+    device = os.environ.get(ENV_DEVICE, "cpu")
+    if device not in DEVICES:
+        arguments.error(f"{ENV_DEVICE} must be one of {', '.join(DEVICES)}, not {device!r}")
 
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -136,13 +154,13 @@ def main() -> int:
         save_total_limit=args.save_total_limit,
         logging_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=device == "cpu",
         disable_tqdm=True,
         dataloader_num_workers=0,
         enable_jit_checkpoint=args.on_sigterm == "hf-jit",
         seed=0,
     )
-    timeline = Timeline(args.timeline)
+    timeline = Timeline(args.timeline, device)
     trainer = Trainer(
         model=model,
         args=training,
