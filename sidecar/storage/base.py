@@ -96,7 +96,11 @@ class Store(abc.ABC):
     async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
         """Download into the open, empty file ``fd`` (the caller made it, without
         following any symlink, and closes it); raises VerificationError unless size and
-        CRC32C match."""
+        CRC32C match. Not forced to disk: the trainer reads it from the page cache, and
+        a restore checks the CRC32C of every file it finds in place before trusting it,
+        so what a crash left half written is fetched again (an fsync here cost a restore
+        nearly as much CPU as the rest of the download, in writeback charged to the
+        sidecar, and the rename into place that follows was never synced either)."""
 
     @abc.abstractmethod
     async def put_bytes(self, key: str, data: bytes) -> None:

@@ -160,7 +160,6 @@ class DirectoryStore(Store):
                 os.pwrite(fd, chunk, written)
                 written += len(chunk)
                 crc = google_crc32c.extend(crc, chunk)
-        os.fsync(fd)
         if written != size:
             raise VerificationError(f"{key}: {written} bytes, manifest says {size}")
         if checksum.encode(crc) != crc32c:

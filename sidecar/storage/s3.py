@@ -364,7 +364,6 @@ class S3Store(Store):
             return await self._fetch_range(key, fd, start, length), length
 
         ranges = await asyncio.gather(*(fetch(s) for s in range(0, size, self.range_size)))
-        await asyncio.to_thread(os.fsync, fd)
         actual = checksum.encode(checksum.combine_all(ranges))
         if actual != crc32c:
             raise VerificationError(f"{key}: CRC32C {actual} does not match manifest {crc32c}")
