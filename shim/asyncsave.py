@@ -190,6 +190,43 @@ def _hook_installed() -> bool:
     return _HOOK[0] is not None
 
 
+# -- a host copy of a GPU storage is saved as the GPU storage was ------------------------
+
+# Host copies of GPU storages while a snapshot holds them: address -> the device they were
+# copied from. torch.save records a storage's device in the file; for these it records the
+# original's (as the synchronous save did), so a plain torch.load puts them back there.
+_COPIED_FROM: Dict[int, Any] = {}
+_TAGGER: List[bool] = []
+
+
+def _copied_from(storage: Any) -> Optional[str]:
+    """torch.serialization's location tagger: the original device of a snapshot's copy."""
+    if not _COPIED_FROM:
+        return None
+    try:
+        device = _COPIED_FROM.get(storage.data_ptr())
+    except Exception:
+        return None
+    # A new string each time, as torch's own GPU tagger makes: pickle writes it out again
+    # for each storage rather than referring back to the first (the same bytes).
+    return None if device is None else str(device)
+
+
+def _not_ours(storage: Any, location: str) -> None:
+    """The loading side of the tagger: torch's own deserializers serve these devices."""
+    return None
+
+
+def _register_copy(copied: Any, device: Any) -> None:
+    if not _TAGGER:
+        _TAGGER.append(True)
+        from torch.serialization import register_package
+
+        register_package(1, _copied_from, _not_ours)  # before torch's cpu tagger (10)
+    if copied.nbytes() > 0:
+        _COPIED_FROM[copied.data_ptr()] = device
+
+
 def _is_ordered_dict(obj: Any) -> bool:
     import collections
 
@@ -244,6 +281,7 @@ class Snapshot:
                 host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
                 copied = host.untyped_storage()
                 copied.copy_(storage, non_blocking=True)
+                _register_copy(copied, storage.device)
             else:
                 copied = storage.clone()
             self.copies[key] = copied
@@ -280,6 +318,13 @@ class Snapshot:
             rebuilt = type(obj)(self.rebuild(item, memo) for item in obj)
         memo[id(obj)] = rebuilt
         return rebuilt
+
+    def release(self) -> None:
+        """The copies are written: forget which device they came from (their memory goes)."""
+        for copied in self.copies.values():
+            if copied.device.type == "cpu" and copied.nbytes() > 0:
+                _COPIED_FROM.pop(copied.data_ptr(), None)
+        self.copies = {}
 
     def ready(self) -> None:
         """Block until the device-to-host copies are done (the writer calls it first)."""
@@ -338,6 +383,8 @@ class SaveJob:
         finally:
             self.write_seconds = time.monotonic() - started
             self.calls = []
+            for snapshot in self.snapshots:
+                snapshot.release()
             self.snapshots = []
             self.copied.set()
             self.done.set()
