@@ -15,6 +15,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -247,3 +248,37 @@ def test_a_checkpoint_the_snapshot_cannot_copy_is_written_at_once_and_said(
     staged: list[tuple[str, int]] = []
     saves.agree_and_stage(lambda directory, step: staged.append((directory, step)), block=False)
     assert staged == [(str(path.parent), 1)]
+
+
+def test_configurations_the_snapshot_cannot_serve_keep_the_synchronous_save(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real Lightning trainers, as configured by users: Lightning's own TorchCheckpointIO and
+    strategy save behind the loop; anything that writes differently stays synchronous."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+    from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
+
+    from shim import lightningsaves
+
+    class MyCheckpointIO(TorchCheckpointIO):
+        """A user's CheckpointIO (say, one that writes to an object store)."""
+
+    class MyStrategy(SingleDeviceStrategy):
+        def save_checkpoint(self, checkpoint: Any, filepath: Any, storage_options: Any = None):  # type: ignore[no-untyped-def]
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def blocker(**kwargs: Any) -> str | None:
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, **kwargs)
+        return lightningsaves.blocker(trainer, Strategy)
+
+    assert blocker() is None
+    assert blocker(plugins=[AsyncCheckpointIO()]) == (
+        "the CheckpointIO AsyncCheckpointIO writes the files"
+    )
+    assert blocker(plugins=[MyCheckpointIO()]) == "the CheckpointIO MyCheckpointIO writes the files"
+    assert blocker(strategy=MyStrategy(device=torch.device("cpu"))) == (
+        "the strategy MyStrategy saves through its own save_checkpoint"
+    )
+    monkeypatch.setenv(asyncsave.ENV_ASYNC_SAVE, "false")
+    assert blocker() == "JITCKPT_ASYNC_SAVE is false"
