@@ -7,8 +7,9 @@ counted: interpreter start, imports, and making the client with its first reques
 listing), which the agent does before any restore or upload (its access probe).
 
 Clients: `jitckpt` (the sidecar's storage layer through `open_store`, with the
-settings a default sidecar gets, CRC32C computed first as the uploader does,
-downloads verified as a restore does) and `boto3` (TransferManager defaults).
+settings a default sidecar gets; each file's CRC32C taken from the bytes the upload
+sends, as the agent commits; downloads verified as a restore does) and `boto3`
+(TransferManager defaults).
 
     python -m bench.transfer_worker --client jitckpt --direction upload \
         --local PATH --bucket B --prefix P

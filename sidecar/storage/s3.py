@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import io
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from sidecar import checksum
 from sidecar.config import DOWNLOAD_CONCURRENCY, DOWNLOAD_RANGE_SIZE
 from sidecar.safefs import OpenedFile
+from sidecar.storage import heap
 from sidecar.storage.base import (
     ObjectInfo,
     ObjectTooLarge,
@@ -66,12 +67,27 @@ def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
             views[0] = views[0][written:]
 
 
-def _body(data: bytes) -> io.BufferedReader:
-    """A request body that streams ``data`` without copying it whole: given bytes,
-    botocore wraps them in a BytesIO, whose buffer aiohttp takes (getbuffer), which copies
-    every byte of the part once more (about 0.7 s of CPU per GB here, and twice the part
-    in memory); a reader over the shared bytes is sent in small pieces instead."""
-    return io.BufferedReader(io.BytesIO(data))
+@contextlib.contextmanager
+def _bodies(data: bytes) -> Iterator[Callable[[], io.BufferedReader]]:
+    """Request bodies over ``data``, one per attempt, closed on the way out.
+
+    A body is a reader over the shared bytes, sent in small pieces: given bytes, botocore
+    wraps them in a BytesIO whose buffer aiohttp takes (getbuffer), which copied every
+    byte of a part once more (about 0.7 s of CPU per GB here, and twice the part in
+    memory). Closed, a body lets go of the bytes: the request objects that hold it can
+    outlive the request in reference cycles until the collector runs, and would hold the
+    part past the room it had among those in flight."""
+    made: list[io.BufferedReader] = []
+
+    def body() -> io.BufferedReader:
+        made.append(io.BufferedReader(io.BytesIO(data)))
+        return made[-1]
+
+    try:
+        yield body
+    finally:
+        for reader in made:
+            reader.close()
 
 
 def endpoint_from_env(env: Mapping[str, str]) -> str | None:
@@ -102,6 +118,7 @@ class S3Store(Store):
         verify_ssl: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        heap.keep_transfer_buffers()  # process-wide, once
         self._bucket = bucket
         self._prefix = prefix.strip("/")
         self._uri = uri
@@ -241,16 +258,17 @@ class S3Store(Store):
     async def _put(self, key: str, data: bytes, crc32c: str) -> None:
         """One PutObject of ``data``; the caller holds its slots."""
         client = await self._c()
-        await self.policy.run(
-            f"put {self._uri}/{key}",
-            lambda: client.put_object(
-                Bucket=self._bucket,
-                Key=self._key(key),
-                Body=_body(data),
-                ChecksumAlgorithm="CRC32C",
-                ChecksumCRC32C=crc32c,
-            ),
-        )
+        with _bodies(data) as body:
+            await self.policy.run(
+                f"put {self._uri}/{key}",
+                lambda: client.put_object(
+                    Bucket=self._bucket,
+                    Key=self._key(key),
+                    Body=body(),
+                    ChecksumAlgorithm="CRC32C",
+                    ChecksumCRC32C=crc32c,
+                ),
+            )
 
     async def _multipart(
         self, key: str, source: OpenedFile, crc32c: str | None, gate: PartGate | None
@@ -276,17 +294,18 @@ class S3Store(Store):
                 data = await asyncio.to_thread(source.pread, offset, length)
                 value = google_crc32c.value(data)
                 crc = checksum.encode(value)
-                answer = await self.policy.run(
-                    f"upload part {number}/{count} of {self._uri}/{key}",
-                    lambda: client.upload_part(
-                        Bucket=self._bucket,
-                        Key=full,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        Body=_body(data),
-                        ChecksumCRC32C=crc,
-                    ),
-                )
+                with _bodies(data) as body:
+                    answer = await self.policy.run(
+                        f"upload part {number}/{count} of {self._uri}/{key}",
+                        lambda: client.upload_part(
+                            Bucket=self._bucket,
+                            Key=full,
+                            UploadId=upload_id,
+                            PartNumber=number,
+                            Body=body(),
+                            ChecksumCRC32C=crc,
+                        ),
+                    )
                 sent = {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32C": crc}
                 return sent, value, length
 
