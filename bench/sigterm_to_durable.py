@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import harness
 from bench.harness import BenchOptions
@@ -36,6 +36,9 @@ from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from bench.transfer import run_s5cmd
 from shim import layout
+
+if TYPE_CHECKING:
+    from local.s3server import LocalS3
 
 NAME = "sigterm_to_durable"
 BUCKET = "bench-durable"
@@ -150,67 +153,67 @@ def run(options: BenchOptions) -> list[Case]:
     ]
     if not options.quick:
         sizes.append(("2 GB", 2000 * MB, options.reps or 1))
-    cases = []
     with LocalS3() as s3:
-        s3_env = s3.credentials_env()
-        for label, state_bytes, reps in sizes:
-            shape = ModelShape.for_state(label, state_bytes)
-            timeout = 120 + state_bytes / MB * 0.5
-            outcomes: dict[str, list[Outcome]] = {s: [] for s in SUBJECTS}
-            for rep in range(reps):
-                order = SUBJECTS[rep % 3 :] + SUBJECTS[: rep % 3]
-                for subject in order:
-                    s3.reset()
-                    s3.create_bucket(BUCKET)
-                    with tempfile.TemporaryDirectory(prefix="bench-durable-") as tmp:
-                        work = Path(tmp)
-                        if subject == JITCKPT:
-                            outcome = run_jitckpt(work, shape, s3_env, timeout)
-                        else:
-                            outcome = run_peer(subject, work, shape, s3_env, timeout)
-                    outcomes[subject].append(outcome)
-                    print(
-                        f"[bench] durable {label} rep {rep} {subject}: {outcome.seconds:.2f} s "
-                        f"(trainer gone after {outcome.trainer_exit_seconds:.2f} s), "
-                        f"exit {outcome.exit_code}, {outcome.checkpoint_bytes / MB:.0f} MB",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            cases.append(
-                Case(
-                    benchmark=NAME,
-                    case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
-                    metric="SIGTERM to committed in S3",
-                    unit="s",
-                    lower_is_better=True,
-                    series=[
-                        Series(
-                            subject,
-                            [o.seconds for o in outcomes[subject]],
-                            {
-                                "checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[subject]],
-                                "exit_codes": [o.exit_code for o in outcomes[subject]],
-                                "sigterm_to_trainer_exit_s": [
-                                    round(o.trainer_exit_seconds, 3) for o in outcomes[subject]
-                                ],
-                            },
-                        )
-                        for subject in SUBJECTS
-                    ]
-                    + [
-                        Series(
-                            UPLOAD_FLOOR,
-                            [o.upload_seconds for o in outcomes[SYNC] if o.upload_seconds],
-                            {"checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[SYNC]]},
-                        )
-                    ],
-                    note="sigterm_to_durable: SIGTERM after step 3; jitckpt committed = node "
-                    "manifest in S3; peers committed = s5cmd cp exit 0 after the trainer exited; "
-                    "upload floor = that s5cmd cp alone, in the sync-save runs (the same "
-                    "checkpoint files); 2 GB: 1 repetition (make bench stays within 45 minutes)",
-                )
+        return [size_case(label, state_bytes, reps, s3) for label, state_bytes, reps in sizes]
+
+
+def size_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
+    """One size: every subject ``reps`` times, rotating their order."""
+    s3_env = s3.credentials_env()
+    shape = ModelShape.for_state(label, state_bytes)
+    timeout = 120 + state_bytes / MB * 0.5
+    outcomes: dict[str, list[Outcome]] = {s: [] for s in SUBJECTS}
+    for rep in range(reps):
+        order = SUBJECTS[rep % 3 :] + SUBJECTS[: rep % 3]
+        for subject in order:
+            s3.reset()
+            s3.create_bucket(BUCKET)
+            with tempfile.TemporaryDirectory(prefix="bench-durable-") as tmp:
+                work = Path(tmp)
+                if subject == JITCKPT:
+                    outcome = run_jitckpt(work, shape, s3_env, timeout)
+                else:
+                    outcome = run_peer(subject, work, shape, s3_env, timeout)
+            outcomes[subject].append(outcome)
+            print(
+                f"[bench] durable {label} rep {rep} {subject}: {outcome.seconds:.2f} s "
+                f"(trainer gone after {outcome.trainer_exit_seconds:.2f} s), "
+                f"exit {outcome.exit_code}, {outcome.checkpoint_bytes / MB:.0f} MB",
+                file=sys.stderr,
+                flush=True,
             )
-    return cases
+    return Case(
+        benchmark=NAME,
+        case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
+        metric="SIGTERM to committed in S3",
+        unit="s",
+        lower_is_better=True,
+        series=[
+            Series(
+                subject,
+                [o.seconds for o in outcomes[subject]],
+                {
+                    "checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[subject]],
+                    "exit_codes": [o.exit_code for o in outcomes[subject]],
+                    "sigterm_to_trainer_exit_s": [
+                        round(o.trainer_exit_seconds, 3) for o in outcomes[subject]
+                    ],
+                },
+            )
+            for subject in SUBJECTS
+        ]
+        + [
+            Series(
+                UPLOAD_FLOOR,
+                [o.upload_seconds for o in outcomes[SYNC] if o.upload_seconds],
+                {"checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[SYNC]]},
+            )
+        ],
+        note="sigterm_to_durable: SIGTERM after step 3; jitckpt committed = node "
+        "manifest in S3; peers committed = s5cmd cp exit 0 after the trainer exited; "
+        "upload floor = that s5cmd cp alone, in the sync-save runs (the same "
+        "checkpoint files); 2 GB: 1 repetition (make bench stays within 45 minutes)",
+    )
 
 
 if __name__ == "__main__":

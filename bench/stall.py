@@ -138,48 +138,45 @@ def run(options: BenchOptions) -> list[Case]:
         sizes = [("50 MB", 50 * MB, options.repetitions(2, 2))]
     else:
         sizes = [("500 MB", 500 * MB, options.repetitions(3, 2)), ("2 GB", 2000 * MB, 1)]
-    cases = []
     with LocalS3() as s3:
-        s3_env = s3.credentials_env()
-        for label, state_bytes, reps in sizes:
-            shape = ModelShape.for_state(label, state_bytes)
-            samples: dict[str, list[float]] = {s: [] for s in SUBJECTS}
-            for rep in range(reps):
-                for subject in SUBJECTS if rep % 2 == 0 else SUBJECTS[::-1]:
-                    s3.reset()
-                    s3.create_bucket(BUCKET)
-                    measured = stalls(subject, shape, s3_env, timeout=900)
-                    samples[subject] += [1000 * value for value in measured]
-                    print(
-                        f"[bench] stall {label} rep {rep} {subject}: "
-                        + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            cases.append(
-                Case(
-                    benchmark=NAME,
-                    case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
-                    metric="loop blocked per periodic save",
-                    unit="ms",
-                    lower_is_better=True,
-                    series=[
-                        Series(
-                            s,
-                            samples[s],
-                            {"save_steps": SAVE_EVERY, "saves_per_run": SAVES_PER_RUN},
-                        )
-                        for s in SUBJECTS
-                    ],
-                    note="stall: one sample per periodic save (3 per run, every 5 steps): the "
-                    "gap between its step's end and the next step's begin less the median gap, "
-                    "plus how much longer than the median step the next step took; "
-                    "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
-                    "while training goes on, plain transformers only saves",
-                )
-            )
+        cases = [hf_case(label, state_bytes, reps, s3) for label, state_bytes, reps in sizes]
         cases.append(_lightning_case(options, s3))
     return cases
+
+
+def hf_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
+    """The HF Trainer at one size: every subject ``reps`` times, alternating their order."""
+    shape = ModelShape.for_state(label, state_bytes)
+    s3_env = s3.credentials_env()
+    samples: dict[str, list[float]] = {s: [] for s in SUBJECTS}
+    for rep in range(reps):
+        for subject in SUBJECTS if rep % 2 == 0 else SUBJECTS[::-1]:
+            s3.reset()
+            s3.create_bucket(BUCKET)
+            measured = stalls(subject, shape, s3_env, timeout=900)
+            samples[subject] += [1000 * value for value in measured]
+            print(
+                f"[bench] stall {label} rep {rep} {subject}: "
+                + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
+                file=sys.stderr,
+                flush=True,
+            )
+    return Case(
+        benchmark=NAME,
+        case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
+        metric="loop blocked per periodic save",
+        unit="ms",
+        lower_is_better=True,
+        series=[
+            Series(s, samples[s], {"save_steps": SAVE_EVERY, "saves_per_run": SAVES_PER_RUN})
+            for s in SUBJECTS
+        ],
+        note="stall: one sample per periodic save (3 per run, every 5 steps): the "
+        "gap between its step's end and the next step's begin less the median gap, "
+        "plus how much longer than the median step the next step took; "
+        "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
+        "while training goes on, plain transformers only saves",
+    )
 
 
 def _lightning_case(options: BenchOptions, s3: LocalS3) -> Case:

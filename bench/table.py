@@ -14,6 +14,8 @@ from bench.results import Case, cases_of
 README_PATH = Path(__file__).resolve().parent / "README.md"
 START = "<!-- bench:table:start -->"
 END = "<!-- bench:table:end -->"
+# The GPU figures (bench/gpu.py) have their own block: a CPU run never rewrites them.
+GPU_MARKERS = ("<!-- bench:gpu:start -->", "<!-- bench:gpu:end -->")
 
 HEADER = (
     "| benchmark | case | subject | median | spread (IQR; min..max) | n | ref ÷ subject |\n"
@@ -75,11 +77,16 @@ def render(document: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def refresh(document: dict[str, Any], path: Path = README_PATH) -> None:
+def refresh(
+    document: dict[str, Any],
+    path: Path = README_PATH,
+    markers: tuple[str, str] = (START, END),
+) -> None:
     """Replace what is between the markers; refuse a README without them."""
+    start, end = markers
     text = path.read_text()
-    if START not in text or END not in text:
-        raise ValueError(f"{path} lacks the markers {START} / {END}")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{START}\n{render(document)}\n{END}{tail}")
+    if start not in text or end not in text:
+        raise ValueError(f"{path} lacks the markers {start} / {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{render(document)}\n{end}{tail}")
