@@ -7,7 +7,8 @@ with training for the cores. Run it on a machine with a CUDA GPU:
 
     python -m bench.gpu [--quick] [--reps N]
 
-Results go to bench/results/gpu.json and to the README's GPU block (its own
+Results go to bench/results/gpu.json, one section per benchmark (`--only`
+reruns one and keeps the other), and to the README's GPU block (its own
 markers), never into the CPU table `make bench` regenerates. Each case is
 recorded as soon as it is measured, so a run cut short keeps what it measured.
 """
@@ -33,20 +34,27 @@ RESULTS_PATH = results.RESULTS_PATH.with_name("gpu.json")
 MB = 1_000_000
 
 CaseFn = Callable[[str, int, int, "LocalS3"], Case]
+# Steps between saves on the GPU: a step there takes milliseconds, and a save must be
+# able to finish writing before the next one (bench/stall.py's hf_case).
+GPU_SAVE_EVERY = {500 * MB: 40, 2000 * MB: 100}
+
+
+def stall_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
+    return stall.hf_case(label, state_bytes, reps, s3, GPU_SAVE_EVERY.get(state_bytes, 40))
 
 
 def plan(options: harness.BenchOptions) -> list[tuple[CaseFn, str, int, int]]:
     """(case function, label, state bytes, repetitions), the cheaper cases first."""
     if options.quick:
         return [
-            (stall.hf_case, "50 MB", 50 * MB, options.repetitions(1, 1)),
+            (stall_case, "50 MB", 50 * MB, options.repetitions(1, 1)),
             (sigterm_to_durable.size_case, "50 MB", 50 * MB, options.repetitions(1, 1)),
         ]
     return [
-        (stall.hf_case, "500 MB", 500 * MB, options.repetitions(2, 1)),
+        (stall_case, "500 MB", 500 * MB, options.repetitions(2, 1)),
         (sigterm_to_durable.size_case, "50 MB", 50 * MB, options.repetitions(2, 1)),
         (sigterm_to_durable.size_case, "500 MB", 500 * MB, options.repetitions(2, 1)),
-        (stall.hf_case, "2 GB", 2000 * MB, options.reps or 1),
+        (stall_case, "2 GB", 2000 * MB, options.reps or 1),
         (sigterm_to_durable.size_case, "2 GB", 2000 * MB, options.reps or 1),
     ]
 
@@ -60,7 +68,11 @@ def device_name() -> str | None:
 def main() -> int:
     arguments = harness.parser(__doc__ or NAME)
     arguments.set_defaults(results=RESULTS_PATH)
-    options = harness.options_from(arguments.parse_args())
+    arguments.add_argument(
+        "--only", choices=("stall", "sigterm_to_durable"), default=None, help="one benchmark"
+    )
+    args = arguments.parse_args()
+    options = harness.options_from(args)
     harness.stop_cleanly_on_sigterm()
     device = device_name()
     if device is None:
@@ -70,13 +82,19 @@ def main() -> int:
     from local.s3server import LocalS3
 
     started = time.monotonic()
-    cases: list[Case] = []
+    measured: dict[str, list[Case]] = {}  # per benchmark: each is its own section
     with LocalS3() as s3:
         for case_fn, label, state_bytes, reps in plan(options):
+            if args.only == "stall" and case_fn is not stall_case:
+                continue
+            if args.only == "sigterm_to_durable" and case_fn is stall_case:
+                continue
             case = case_fn(label, state_bytes, reps, s3)
-            cases.append(dataclasses.replace(case, case=f"{device}: {case.case}"))
+            case = dataclasses.replace(case, case=f"{device}: {case.case}")
+            cases = measured.setdefault(case.benchmark, [])
+            cases.append(case)
             document = results.record(
-                NAME,
+                case.benchmark,
                 cases,
                 command=harness.command_line("bench.gpu", options),
                 wall_seconds=time.monotonic() - started,
@@ -84,7 +102,7 @@ def main() -> int:
                 path=options.results_path,
             )
             table.refresh(document, options.readme_path, table.GPU_MARKERS)
-            for row in table.case_rows(cases[-1]):
+            for row in table.case_rows(case):
                 print(row, flush=True)
     return 0
 

@@ -69,14 +69,20 @@ def _train(argv: list[str], env: dict[str, str], work: Path, timeout: float) -> 
         raise RuntimeError(f"trainer exited {code}: {log}")
 
 
-def stalls(subject: str, shape: ModelShape, s3_env: dict[str, str], timeout: float) -> list[float]:
+def stalls(
+    subject: str,
+    shape: ModelShape,
+    s3_env: dict[str, str],
+    timeout: float,
+    save_every: int = SAVE_EVERY,
+) -> list[float]:
     """The blocked seconds of each periodic save of one training run."""
-    max_steps = SAVE_EVERY * SAVES_PER_RUN + 2
+    max_steps = save_every * SAVES_PER_RUN + 2
     with tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         work = Path(tmp)
         timeline_path = work / "timeline.jsonl"
         argv = workload_argv(
-            shape, work / "output", timeline_path, max_steps=max_steps, save_steps=SAVE_EVERY
+            shape, work / "output", timeline_path, max_steps=max_steps, save_steps=save_every
         )
         if subject in (JITCKPT, JITCKPT_SYNC):
             with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
@@ -87,7 +93,7 @@ def stalls(subject: str, shape: ModelShape, s3_env: dict[str, str], timeout: flo
         else:
             _train(argv, dict(os.environ), work, timeout)
         events = timeline.read(timeline_path)
-    return _blocked(events, max_steps)
+    return _blocked(events, max_steps, save_every)
 
 
 def lightning_stalls(
@@ -125,8 +131,10 @@ def lightning_stalls(
     return _blocked(events, max_steps)
 
 
-def _blocked(events: list[timeline.Event], max_steps: int) -> list[float]:
-    saves = range(SAVE_EVERY, max_steps, SAVE_EVERY)
+def _blocked(
+    events: list[timeline.Event], max_steps: int, save_every: int = SAVE_EVERY
+) -> list[float]:
+    saves = range(save_every, max_steps, save_every)
     return [timeline.blocked_seconds(events, step, saves) for step in saves]
 
 
@@ -144,8 +152,15 @@ def run(options: BenchOptions) -> list[Case]:
     return cases
 
 
-def hf_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
-    """The HF Trainer at one size: every subject ``reps`` times, alternating their order."""
+def hf_case(
+    label: str, state_bytes: int, reps: int, s3: LocalS3, save_every: int = SAVE_EVERY
+) -> Case:
+    """The HF Trainer at one size: every subject ``reps`` times, alternating their order.
+
+    ``save_every``: steps between saves. On a GPU a step takes milliseconds, and
+    saves every 5 steps would come faster than any save can be written: each
+    would wait for the one before (at most one in flight), whatever the writer.
+    """
     shape = ModelShape.for_state(label, state_bytes)
     s3_env = s3.credentials_env()
     samples: dict[str, list[float]] = {s: [] for s in SUBJECTS}
@@ -153,7 +168,7 @@ def hf_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
         for subject in SUBJECTS if rep % 2 == 0 else SUBJECTS[::-1]:
             s3.reset()
             s3.create_bucket(BUCKET)
-            measured = stalls(subject, shape, s3_env, timeout=900)
+            measured = stalls(subject, shape, s3_env, timeout=900, save_every=save_every)
             samples[subject] += [1000 * value for value in measured]
             print(
                 f"[bench] stall {label} rep {rep} {subject}: "
@@ -168,10 +183,10 @@ def hf_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
         unit="ms",
         lower_is_better=True,
         series=[
-            Series(s, samples[s], {"save_steps": SAVE_EVERY, "saves_per_run": SAVES_PER_RUN})
+            Series(s, samples[s], {"save_steps": save_every, "saves_per_run": SAVES_PER_RUN})
             for s in SUBJECTS
         ],
-        note="stall: one sample per periodic save (3 per run, every 5 steps): the "
+        note=f"stall: one sample per periodic save (3 per run, every {save_every} steps): the "
         "gap between its step's end and the next step's begin less the median gap, "
         "plus how much longer than the median step the next step took; "
         "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
