@@ -67,7 +67,7 @@ def startup_cases(options: BenchOptions, node: JitckptNode) -> list[Case]:
 def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> float:
     """Steady-state steps/s of rank 0 in a 2-rank gloo run of the workload."""
     path = work / f"timeline-{time.monotonic_ns()}.jsonl"
-    subprocess.run(
+    completed = subprocess.run(
         [
             tool("torchrun"),
             "--nproc-per-node",
@@ -89,10 +89,13 @@ def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> flo
         ],
         env=env,
         cwd=REPO_ROOT,
-        check=True,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
     )
+    if completed.returncode != 0:
+        raise RuntimeError(f"torchrun exited {completed.returncode}: {completed.stderr[-3000:]}")
     return timeline.steps_per_second(timeline.read(path), skip=WARMUP_STEPS)
 
 

@@ -69,8 +69,14 @@ UID_PREFIX_BYTES = 64 * 1024
 # a slow (or hostile) client that must not hold the server under failurePolicy Fail.
 BODY_READ_SECONDS = 5.0
 # Admissions handled at once, bodies included (each up to MAX_BODY_BYTES, in a
-# container limited to 256Mi); more are answered 503 at once, never queued.
+# container limited to 256Mi).
 MAX_IN_FLIGHT = 16
+# A burst of pod creations (every replica of a large job at once) waits its turn for a
+# slot, its body unread meanwhile (the memory bound holds), for at most QUEUE_SECONDS;
+# beyond MAX_WAITING waiting, or after that wait, the answer is 503. Clients that hold a
+# slot without sending lose it after BODY_READ_SECONDS, so the wait is short either way.
+MAX_WAITING = 256
+QUEUE_SECONDS = 2.0
 # HTTP status of a request that could not be reviewed and whose uid is unknown.
 _ERROR_CODES = {"too-large": 413, "timeout": 408, "busy": 503}
 
@@ -119,6 +125,8 @@ class AdmissionHandler:
         namespace_wait_seconds: float,
         body_read_seconds: float,
         max_in_flight: int,
+        queue_seconds: float = QUEUE_SECONDS,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         self.config = config
         self.namespaces = namespaces
@@ -127,18 +135,46 @@ class AdmissionHandler:
         self.namespace_wait_seconds = namespace_wait_seconds
         self.body_read_seconds = body_read_seconds
         self.max_in_flight = max_in_flight
+        self.queue_seconds = queue_seconds
+        self.max_waiting = max_waiting
         self.in_flight = 0
+        self.waiting = 0
+        self._slot_freed: asyncio.Event | None = None  # made on the serving loop
 
     async def handle(self, request: Request) -> tuple[int, dict[str, Any]]:
-        """One admission, or an at-once 503 while ``max_in_flight`` others are under way."""
-        if self.in_flight >= self.max_in_flight:
+        """One admission, once one of ``max_in_flight`` slots is free (waiting at most
+        ``queue_seconds`` for it), or 503."""
+        if not await self._take_slot():
             message = f"{self.max_in_flight} admissions in flight; try again"
             return self._failed(ReviewError("busy", message))
-        self.in_flight += 1  # one event loop: no await between the check and this
         try:
             return await self._handle(request)
         finally:
             self.in_flight -= 1
+            if self._slot_freed is not None:
+                self._slot_freed.set()
+
+    async def _take_slot(self) -> bool:
+        """One event loop: no await between a check of ``in_flight`` and its increment."""
+        if self.in_flight < self.max_in_flight:
+            self.in_flight += 1
+            return True
+        if self.waiting >= self.max_waiting:
+            return False
+        if self._slot_freed is None:
+            self._slot_freed = asyncio.Event()
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.queue_seconds):
+                while self.in_flight >= self.max_in_flight:
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
+        except TimeoutError:
+            return False
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        return True
 
     async def _handle(self, request: Request) -> tuple[int, dict[str, Any]]:
         try:

@@ -4,8 +4,9 @@ Under ``failurePolicy: Fail`` a webhook that waits on slow clients blocks pod
 creation for everyone. Each attacker here speaks raw TLS: one connects and
 sends nothing, one trickles its headers a byte at a time, and as many as the
 server takes at once trickle a body. While they hold every slot, an admission
-is answered 503 at once (never queued); the server then cuts each of them
-off, long before it has sent what it announced, and admits again.
+waits its short turn (``QUEUE_SECONDS``) and is answered 503; the server then
+cuts each of them off, long before it has sent what it announced, and admits
+again.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def test_slow_clients_are_cut_off_and_never_make_admissions_wait(tmp_path: Path)
         for client in clients:
             client.start()
         with httpx.Client(base_url=server.url, verify=context, timeout=10) as http:
-            # Every admission slot is held by a slow body: answered at once, not queued.
+            # Every admission slot is held by a slow body: 503 after a short wait.
             deadline = time.monotonic() + 10
             while True:
                 busy = http.post(
@@ -142,3 +143,50 @@ def test_slow_clients_are_cut_off_and_never_make_admissions_wait(tmp_path: Path)
         check_answer(json.loads(rest.partition(b"\r\n\r\n")[2]), None)
     assert f'jitckpt_webhook_failed_total{{reason="timeout"}} {MAX_IN_FLIGHT}.0' in metrics
     assert 'jitckpt_webhook_failed_total{reason="busy"}' in metrics
+
+
+def test_a_burst_beyond_the_slots_waits_its_turn_instead_of_503(tmp_path: Path) -> None:
+    """Every slot held by a client that completes its body within a second (a burst of
+    pod creations, not an attack): the next admission waits for a slot and is served."""
+    certs = tmp_path / "certs"
+    jitckpt("webhook", "certs", "--out", str(certs), "--dns", HOST)
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    review = admission_review(fixture("pytorchjob-master.yaml"))
+    body = json.dumps(review).encode()
+    head = (
+        b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    )
+    answers: list[bytes] = []
+
+    def paused(url: str) -> None:
+        host, port = url.removeprefix("https://").split(":")
+        with (
+            socket.create_connection((host, int(port)), timeout=30) as raw,
+            context.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            tls.sendall(head + body[:-10])
+            time.sleep(1.0)  # holds its slot, well within BODY_READ_SECONDS
+            tls.sendall(body[-10:])
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+            answers.append(answer)
+
+    with serve(certs, tmp_path) as server:
+        holders = [
+            threading.Thread(target=paused, args=(server.url,), daemon=True)
+            for _ in range(MAX_IN_FLIGHT)
+        ]
+        for thread in holders:
+            thread.start()
+        time.sleep(0.3)  # every slot is held now
+        with httpx.Client(base_url=server.url, verify=context, timeout=10) as http:
+            waited = http.post("/mutate", json=review)
+        for thread in holders:
+            thread.join(timeout=30)
+    assert waited.status_code == 200, waited.text
+    check_answer(waited.json(), review["request"]["uid"])
+    assert waited.json()["response"]["allowed"] is True  # reviewed, not refused as busy
+    assert len(answers) == MAX_IN_FLIGHT
+    assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers)
