@@ -96,6 +96,22 @@ def test_refresh_rewrites_only_between_markers(tmp_path: Path) -> None:
     assert "reference (higher is better)" in text
 
 
+def test_the_gpu_block_and_the_cpu_table_are_rewritten_apart(tmp_path: Path) -> None:
+    gpu_start, gpu_end = table.GPU_MARKERS
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{table.START}\ncpu rows\n{table.END}\n\n{gpu_start}\ngpu rows\n{gpu_end}\n")
+    document = results.record(
+        "stall", [_case()], command="cmd", wall_seconds=1.0, options={}, path=tmp_path / "g.json"
+    )
+    table.refresh(document, readme, table.GPU_MARKERS)
+    text = readme.read_text()
+    assert "cpu rows" in text and "gpu rows" not in text
+    assert text.index(gpu_start) < text.index("| transfer | 1 GB file upload") < text.index(gpu_end)
+    table.refresh(document, readme)
+    text = readme.read_text()
+    assert "cpu rows" not in text and text.count("upload: throughput (MB/s) | s5cmd |") == 2
+
+
 def test_refresh_refuses_readme_without_markers(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("no markers\n")
