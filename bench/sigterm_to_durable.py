@@ -148,8 +148,8 @@ def run(options: BenchOptions) -> list[Case]:
     from local.s3server import LocalS3
 
     sizes = [
-        ("50 MB", 50 * MB, options.repetitions(4, 3)),
-        ("500 MB", 500 * MB, options.repetitions(4, 3)),
+        ("50 MB", 50 * MB, options.repetitions(3, 3)),
+        ("500 MB", 500 * MB, options.repetitions(3, 3)),
     ]
     if not options.quick:
         sizes.append(("2 GB", 2000 * MB, options.reps or 1))

@@ -393,10 +393,13 @@ class SaveJob:
 class _Binding:
     """One function the integration intercepts: ``owner.name``, a write or an "after" call."""
 
-    def __init__(self, owner: Any, name: str, after: bool) -> None:
+    def __init__(
+        self, owner: Any, name: str, after: bool, writer: Optional[Callable[..., Any]]
+    ) -> None:
         self.owner = owner
         self.name = name
         self.after = after
+        self.writer = writer  # what the writer thread calls instead (same file), or None
 
 
 class BackgroundSaves:
@@ -419,12 +422,20 @@ class BackgroundSaves:
         self.explain_unsupported = False
 
     # -- set up by the integration ----------------------------------------------
-    def intercept(self, owner: Any, name: str, after: bool = False) -> None:
+    def intercept(
+        self,
+        owner: Any,
+        name: str,
+        after: bool = False,
+        writer: Optional[Callable[..., Any]] = None,
+    ) -> None:
         """Defer ``owner.name`` during a capture: a write (tensor arguments snapshotted, or
         made at once when small or not copyable), or with ``after`` a call made after the
-        writes (its arguments deep-copied now: they are small)."""
+        writes (its arguments deep-copied now: they are small). ``writer``: what the writer
+        thread calls instead of ``owner.name``, with the same arguments, writing the same
+        file (one that holds the GIL less, say)."""
         if owner is not None and callable(getattr(owner, name, None)):
-            self._bindings.append(_Binding(owner, name, after))
+            self._bindings.append(_Binding(owner, name, after, writer))
 
     # -- the save at the step boundary ------------------------------------------
     def pending(self, step: int) -> bool:
@@ -506,7 +517,7 @@ class BackgroundSaves:
             if binding.after:
                 job.calls.append((original, copy.deepcopy(args), copy.deepcopy(kwargs), None))
                 return None
-            return self._defer_write(job, original, args, kwargs)
+            return self._defer_write(job, original, args, kwargs, binding.writer)
 
         return deferred
 
@@ -516,6 +527,7 @@ class BackgroundSaves:
         original: Callable[..., Any],
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
+        writer: Optional[Callable[..., Any]] = None,
     ) -> Any:
         target = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("filename"))
         if not isinstance(target, (str, os.PathLike)):
@@ -552,7 +564,7 @@ class BackgroundSaves:
             }
             snapshot.plan(later)
             snapshot.take({k: v for k, v in storages.items() if k not in later})
-            call: Call = (original, _containers(args), _containers(kwargs), snapshot)
+            call: Call = (writer or original, _containers(args), _containers(kwargs), snapshot)
         except Exception as exc:  # out of (pinned) memory, say: this file is written now
             failed("snapshotting %s" % target, exc)
             return original(*args, **kwargs)

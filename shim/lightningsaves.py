@@ -7,10 +7,11 @@ callbacks) and its strategy hands it to the ``CheckpointIO``. Lightning's
 which pickles the dict into memory with ``torch.save`` and then writes those
 bytes through fsspec: ``_atomic_save`` is the call deferred, so the pickling and
 the write both run behind the loop (``torch.save`` itself writes to a buffer
-there and is not the file write). The file is the one Lightning's synchronous
-save writes, and ``model.ckpt``, the file that marks a Lightning checkpoint
-complete, appears only once it is whole (fsspec writes a temporary file and
-moves it into place).
+there and is not the file write). The writer thread makes it as ``local_writer``
+does: the same bytes, streamed to a temporary file rather than gathered in
+memory, so the GIL is held far less beside the training loop. The file is the
+one Lightning's synchronous save writes, and ``model.ckpt``, the file that
+marks a Lightning checkpoint complete, appears only once it is whole.
 
 Kept synchronous, said once: a strategy with a ``save_checkpoint`` of its own
 (DeepSpeed, FSDP, model parallelism, XLA: sharded or gathered state), a
@@ -21,9 +22,10 @@ Lightning's own ``AsyncCheckpointIO``, which already writes in a thread), and
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
-from typing import Any, Optional, Set
+from typing import Any, Callable, Optional, Set
 
 from . import asyncsave
 from .log import say_once
@@ -70,13 +72,44 @@ def background_saves(
         return None
     saves = asyncsave.BackgroundSaves(FRAMEWORK)
     saves.explain_unsupported = True  # the whole checkpoint is one call
-    saves.intercept(_writer_module(trainer), WRITER)
+    module = _writer_module(trainer)
+    saves.intercept(module, WRITER, writer=local_writer(getattr(module, WRITER)))
     say_once(
         "lightning-async-saves",
         "periodic checkpoints are written behind the training loop (%s=false: synchronous)"
         % asyncsave.ENV_ASYNC_SAVE,
     )
     return saves
+
+
+def local_writer(atomic_save: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """What ``atomic_save`` (Lightning's ``_atomic_save``) writes, for the writer thread.
+
+    ``_atomic_save`` pickles the whole checkpoint into memory and copies it out twice
+    while holding the GIL, which stalls the training loop beside the writer thread.
+    For a local path this writes ``torch.save``'s bytes straight into a temporary file
+    beside the checkpoint (a file object, as Lightning's buffer is one: the same bytes),
+    renamed into place once whole; the writes let the GIL go. A path fsspec would take
+    elsewhere (``s3://``...) goes to ``atomic_save`` itself.
+    """
+
+    def write_checkpoint(checkpoint: Any, filepath: Any) -> None:
+        path = os.fspath(filepath)
+        if "://" in path:
+            atomic_save(checkpoint, filepath)
+            return
+        import torch
+
+        temporary = "%s.tmp-%d" % (path, os.getpid())
+        try:
+            with open(temporary, "wb") as stream:
+                torch.save(checkpoint, stream)
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+
+    return write_checkpoint
 
 
 def optimizer_storages(trainer: Any) -> Set[asyncsave.StorageKey]:

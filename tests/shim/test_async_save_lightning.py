@@ -4,9 +4,9 @@ stop, and no checkpoint staged from a writer that did not finish.
 The script is the user-style Lightning script of the end-to-end tests, unchanged,
 with a wider hidden layer so a checkpoint is worth deferring (a few hundred KB for
 the byte comparison; about 100 MB where a save must still be in flight when the
-test acts). Lightning writes ``model.ckpt`` through fsspec: the bytes go to a
-temporary file in ``TMPDIR`` first, then are moved into place, so the test sees the
-writer mid-write when a file appears in the run's own ``TMPDIR``.
+test acts). The writer thread writes ``model.ckpt``'s bytes into a temporary file
+beside it (``model.ckpt.tmp-<pid>``) and renames it once whole, so the test sees the
+writer mid-write while that file exists.
 """
 
 from __future__ import annotations
@@ -46,17 +46,17 @@ def _wait_for_file(proc: Proc, path: Path, timeout: float = 120.0) -> None:
     raise AssertionError(f"{path} never appeared; output:\n{proc.output()[-4000:]}")
 
 
-def _wait_mid_write(proc: Proc, record: Path, tmpdir: Path, timeout: float = 120.0) -> None:
+def _wait_mid_write(proc: Proc, record: Path, timeout: float = 120.0) -> None:
     """Until the save that wrote ``record`` has its writer writing ``model.ckpt``'s bytes."""
     _wait_for_file(proc, record, timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(p.name.startswith("tmp") and p.is_file() for p in tmpdir.iterdir()):
-            return  # fsspec's temporary file (mkstemp's name), until it is moved into place
+        if any(p.name.startswith("model.ckpt.tmp-") for p in record.parent.iterdir()):
+            return  # the writer's temporary file, until it is renamed into place
         if proc.popen.poll() is not None:
             break
         time.sleep(0.001)
-    raise AssertionError(f"no write in {tmpdir}; output:\n{proc.output()[-4000:]}")
+    raise AssertionError(f"no write in {record.parent}; output:\n{proc.output()[-4000:]}")
 
 
 def test_background_save_writes_what_lightning_writes_and_resumes_bitwise(
@@ -115,14 +115,12 @@ def test_jit_stop_during_a_background_lightning_save_commits_a_correct_jit_check
         shim_env.without_shim(),
     )
     assert reference.wait(timeout=300) == 0, reference.output()
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
     cut = spawn(
         [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "cut"), *common],
-        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", "TMPDIR": str(tmpdir)},
+        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4"},
     )
     # SIGTERM while checkpoint-4's writer writes: the next step end agrees on the stop.
-    _wait_mid_write(cut, shim_env.checkpoints / "checkpoint-4" / RANK_FILE, tmpdir)
+    _wait_mid_write(cut, shim_env.checkpoints / "checkpoint-4" / RANK_FILE)
     cut.signal(signal.SIGTERM)
     assert cut.wait(timeout=300) == 143, cut.output()
     output = cut.output()
@@ -155,21 +153,16 @@ def test_a_lightning_writer_killed_mid_write_stages_nothing_and_is_never_resumed
         [*common, "--output-dir", str(tmp_path / "reference")], shim_env.without_shim()
     )
     assert reference.wait(timeout=300) == 0, reference.output()
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    run = spawn(
-        [*common, "--output-dir", str(tmp_path / "out")],
-        {**shim_env.env, **periodic, "TMPDIR": str(tmpdir)},
-    )
+    run = spawn([*common, "--output-dir", str(tmp_path / "out")], {**shim_env.env, **periodic})
     run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=300)
-    _wait_mid_write(run, shim_env.checkpoints / "checkpoint-8" / RANK_FILE, tmpdir)
+    _wait_mid_write(run, shim_env.checkpoints / "checkpoint-8" / RANK_FILE)
     run.signal(signal.SIGKILL)
     run.wait()
     output = run.output()
     assert "checkpoint-8" not in "".join(
         line for line in output.splitlines() if "handed to the sidecar" in line
     )
-    # Killed before model.ckpt (Lightning's completion mark, moved into place once whole).
+    # Killed before model.ckpt (Lightning's completion mark, renamed into place once whole).
     assert not (shim_env.checkpoints / "checkpoint-8" / "model.ckpt").exists()
     agent.wait_for(lambda: agent.committed_step() == 4, 120, "checkpoint-4 committed")
     assert "accepted checkpoint-8" not in agent.log()
