@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -152,6 +153,47 @@ def run(options: BenchOptions) -> list[Case]:
     return cases
 
 
+def _samples(
+    label: str,
+    subjects: tuple[str, ...],
+    reps: int,
+    s3: LocalS3,
+    run_one: Callable[[str, dict[str, str]], list[float]],
+) -> dict[str, list[float]]:
+    """Milliseconds blocked per save, per subject: each run ``reps`` times on an empty
+    bucket, the order of the subjects alternating."""
+    s3_env = s3.credentials_env()
+    samples: dict[str, list[float]] = {s: [] for s in subjects}
+    for rep in range(reps):
+        for subject in subjects if rep % 2 == 0 else subjects[::-1]:
+            s3.reset()
+            s3.create_bucket(BUCKET)
+            measured = run_one(subject, s3_env)
+            samples[subject] += [1000 * value for value in measured]
+            print(
+                f"[bench] stall {label} rep {rep} {subject}: "
+                + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
+                file=sys.stderr,
+                flush=True,
+            )
+    return samples
+
+
+def _case(case: str, samples: dict[str, list[float]], save_every: int, note: str) -> Case:
+    return Case(
+        benchmark=NAME,
+        case=case,
+        metric="loop blocked per periodic save",
+        unit="ms",
+        lower_is_better=True,
+        series=[
+            Series(s, values, {"save_steps": save_every, "saves_per_run": SAVES_PER_RUN})
+            for s, values in samples.items()
+        ],
+        note=note,
+    )
+
+
 def hf_case(
     label: str, state_bytes: int, reps: int, s3: LocalS3, save_every: int = SAVE_EVERY
 ) -> Case:
@@ -162,31 +204,18 @@ def hf_case(
     would wait for the one before (at most one in flight), whatever the writer.
     """
     shape = ModelShape.for_state(label, state_bytes)
-    s3_env = s3.credentials_env()
-    samples: dict[str, list[float]] = {s: [] for s in SUBJECTS}
-    for rep in range(reps):
-        for subject in SUBJECTS if rep % 2 == 0 else SUBJECTS[::-1]:
-            s3.reset()
-            s3.create_bucket(BUCKET)
-            measured = stalls(subject, shape, s3_env, timeout=900, save_every=save_every)
-            samples[subject] += [1000 * value for value in measured]
-            print(
-                f"[bench] stall {label} rep {rep} {subject}: "
-                + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
-                file=sys.stderr,
-                flush=True,
-            )
-    return Case(
-        benchmark=NAME,
-        case=f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
-        metric="loop blocked per periodic save",
-        unit="ms",
-        lower_is_better=True,
-        series=[
-            Series(s, samples[s], {"save_steps": save_every, "saves_per_run": SAVES_PER_RUN})
-            for s in SUBJECTS
-        ],
-        note=f"stall: one sample per periodic save (3 per run, every {save_every} steps): the "
+    samples = _samples(
+        label,
+        SUBJECTS,
+        reps,
+        s3,
+        lambda subject, s3_env: stalls(subject, shape, s3_env, 900, save_every),
+    )
+    return _case(
+        f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
+        samples,
+        save_every,
+        f"stall: one sample per periodic save (3 per run, every {save_every} steps): the "
         "gap between its step's end and the next step's begin less the median gap, "
         "plus how much longer than the median step the next step took; "
         "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
@@ -198,32 +227,18 @@ def _lightning_case(options: BenchOptions, s3: LocalS3) -> Case:
     """The Lightning path at 500 MB (50 MB with --quick): jitckpt against Lightning's save."""
     label, state_bytes = ("50 MB", 50 * MB) if options.quick else ("500 MB", 500 * MB)
     hidden = hidden_for_state(state_bytes, LIGHTNING_LAYERS)
-    s3_env = s3.credentials_env()
-    samples: dict[str, list[float]] = {s: [] for s in LIGHTNING_SUBJECTS}
-    for rep in range(options.repetitions(3, 1)):
-        order = LIGHTNING_SUBJECTS if rep % 2 == 0 else LIGHTNING_SUBJECTS[::-1]
-        for subject in order:
-            s3.reset()
-            s3.create_bucket(BUCKET)
-            measured = lightning_stalls(subject, hidden, s3_env, timeout=900)
-            samples[subject] += [1000 * value for value in measured]
-            print(
-                f"[bench] stall Lightning {label} rep {rep} {subject}: "
-                + ", ".join(f"{1000 * v:.0f} ms" for v in measured),
-                file=sys.stderr,
-                flush=True,
-            )
-    return Case(
-        benchmark=NAME,
-        case=f"Lightning, {label} state (h={hidden}, layers={LIGHTNING_LAYERS})",
-        metric="loop blocked per periodic save",
-        unit="ms",
-        lower_is_better=True,
-        series=[
-            Series(s, samples[s], {"save_steps": SAVE_EVERY, "saves_per_run": SAVES_PER_RUN})
-            for s in LIGHTNING_SUBJECTS
-        ],
-        note="stall, Lightning: as above; jitckpt's periodic saves (uploads running) against "
+    samples = _samples(
+        f"Lightning {label}",
+        LIGHTNING_SUBJECTS,
+        options.repetitions(3, 1),
+        s3,
+        lambda subject, s3_env: lightning_stalls(subject, hidden, s3_env, timeout=900),
+    )
+    return _case(
+        f"Lightning, {label} state (h={hidden}, layers={LIGHTNING_LAYERS})",
+        samples,
+        SAVE_EVERY,
+        "stall, Lightning: as above; jitckpt's periodic saves (uploads running) against "
         "ModelCheckpoint(every_n_train_steps) at the same cadence, nothing uploaded",
     )
 
