@@ -188,6 +188,25 @@ def _files(body: Mapping[str, Any]) -> Tuple[str, ...]:
     return names
 
 
+def _checkpoint_fields(body: Mapping[str, Any]) -> Tuple[int, str, str, Tuple[str, ...]]:
+    """(step, kind, dir, files) of a message that hands checkpoint files over."""
+    kind = body.get("kind")
+    if kind not in KINDS:
+        raise ProtocolError("kind must be one of %s" % ", ".join(KINDS))
+    return (
+        _int(body, "step", 0, MAX_STEP),
+        str(kind),
+        _text(body, "dir", MAX_PATH),
+        _files(body),
+    )
+
+
+def _checkpoint_wire(
+    op: str, step: int, kind: str, directory: str, files: Tuple[str, ...]
+) -> Dict[str, Any]:
+    return _wire(op, {"step": step, "kind": kind, "dir": directory, "files": list(files)})
+
+
 def _wire(op: str, fields: Dict[str, Any]) -> Dict[str, Any]:
     message: Dict[str, Any] = {"v": VERSION, "op": op}
     message.update(fields)
@@ -253,22 +272,11 @@ class Staged:
     files: Tuple[str, ...]
 
     def to_wire(self) -> Dict[str, Any]:
-        return _wire(
-            self.OP,
-            {"step": self.step, "kind": self.kind, "dir": self.dir, "files": list(self.files)},
-        )
+        return _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Staged:
-        kind = body.get("kind")
-        if kind not in KINDS:
-            raise ProtocolError("kind must be one of %s" % ", ".join(KINDS))
-        return cls(
-            step=_int(body, "step", 0, MAX_STEP),
-            kind=str(kind),
-            dir=_text(body, "dir", MAX_PATH),
-            files=_files(body),
-        )
+        return cls(*_checkpoint_fields(body))
 
 
 @dataclass(frozen=True)
@@ -290,25 +298,14 @@ class Staging:
     files: Tuple[str, ...]
 
     def to_wire(self) -> Dict[str, Any]:
-        return _wire(
-            self.OP,
-            {"step": self.step, "kind": self.kind, "dir": self.dir, "files": list(self.files)},
-        )
+        return _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Staging:
-        kind = body.get("kind")
-        if kind not in KINDS:
-            raise ProtocolError("kind must be one of %s" % ", ".join(KINDS))
-        files = _files(body)
+        step, kind, directory, files = _checkpoint_fields(body)
         if not files:
             raise ProtocolError("files must name at least one file")
-        return cls(
-            step=_int(body, "step", 0, MAX_STEP),
-            kind=str(kind),
-            dir=_text(body, "dir", MAX_PATH),
-            files=files,
-        )
+        return cls(step, kind, directory, files)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import pytest
 
 from local.s3server import LocalS3
 from sidecar.config import AgentConfig
+from tests.sidecar.agentproc import AgentProcess
+from tests.support.faultproxy import FaultProxy
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +59,23 @@ def config(destination: str, tmp_path: Path) -> AgentConfig:
         part_size=5 * 1024 * 1024,
         s3_read_timeout=5.0,
     )
+
+
+@pytest.fixture
+def proxy(local_s3: LocalS3) -> Iterator[FaultProxy]:
+    """A proxy in front of the shared S3 server, for the faults a test injects."""
+    with FaultProxy(local_s3.endpoint) as running:
+        yield running
+
+
+@pytest.fixture
+def agent(
+    tmp_path: Path, proxy: FaultProxy, bucket: str, s3_env: dict[str, str]
+) -> Iterator[AgentProcess]:
+    """A real agent for the job root ``ns/job``, its store reached through ``proxy``."""
+    env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+    proc = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=env)
+    proc.start()
+    proc.wait_ready()
+    yield proc
+    proc.kill()

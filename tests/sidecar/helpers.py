@@ -84,6 +84,13 @@ def stage(staging_root: Path, name: str, sizes: dict[str, int]) -> tuple[Path, l
     return directory, files
 
 
+def open_multipart_uploads(local_s3: LocalS3, bucket: str) -> list[str]:
+    """The keys of the multipart uploads begun in ``bucket`` and neither completed nor
+    aborted (what a dropped upload must not leave behind)."""
+    answer = local_s3.client().list_multipart_uploads(Bucket=bucket)
+    return [upload["Key"] for upload in answer.get("Uploads", [])]
+
+
 def bucket_objects(local_s3: LocalS3, bucket: str) -> dict[str, bytes]:
     """Every object in ``bucket`` and its bytes, read back through a plain S3 client."""
     client = local_s3.client()

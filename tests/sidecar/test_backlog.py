@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,31 +22,13 @@ from shim.staging import link_file, new_target
 from shim.staging import stage as shim_stage
 from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
-from tests.sidecar.helpers import bucket_objects
+from tests.sidecar.helpers import bucket_objects, open_multipart_uploads
 from tests.support.faultproxy import FaultProxy
 
 SAVE_TOTAL_LIMIT = 2
 # One node's checkpoint: a multipart file (the agent's parts are 5 MiB here) and small ones.
 FILES = {"model.safetensors": 6 * 1024 * 1024, "optimizer.pt": 300_000, "trainer_state.json": 200}
 CHECKPOINT_BYTES = sum(FILES.values())
-
-
-@pytest.fixture
-def proxy(local_s3: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(local_s3.endpoint) as running:
-        yield running
-
-
-@pytest.fixture
-def agent(
-    tmp_path: Path, proxy: FaultProxy, bucket: str, s3_env: dict[str, str]
-) -> Iterator[AgentProcess]:
-    env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
-    proc = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=env)
-    proc.start()
-    proc.wait_ready()
-    yield proc
-    proc.kill()
 
 
 class HFLikeTrainer:
@@ -100,11 +81,6 @@ def _uploading(agent: AgentProcess, step: int) -> bool:
     return any(
         row["step"] == step and row["state"] == "uploading" for row in agent.status()["queue"]
     )
-
-
-def _open_multipart_uploads(local_s3: LocalS3, bucket: str) -> list[str]:
-    answer = local_s3.client().list_multipart_uploads(Bucket=bucket)
-    return [upload["Key"] for upload in answer.get("Uploads", [])]
 
 
 def _manifest_steps(local_s3: LocalS3, bucket: str) -> set[int]:
@@ -177,6 +153,6 @@ def test_pod_ends_once_the_jit_checkpoint_is_committed(
     # Nothing of the superseded ones was committed, no multipart upload was left open (the
     # cancelled upload aborted its own), and no upload of checkpoint-3 ever began.
     assert _manifest_steps(local_s3, bucket) == {4}
-    assert _open_multipart_uploads(local_s3, bucket) == []
+    assert open_multipart_uploads(local_s3, bucket) == []
     assert not any("checkpoint-3/" in r.target for r in proxy.requests)
     assert list(agent.staging.iterdir()) == []

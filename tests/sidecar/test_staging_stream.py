@@ -14,41 +14,20 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from local.s3server import LocalS3
 from shim import protocol
 from shim.channel import Client
 from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
-from tests.sidecar.helpers import bucket_objects, stage
+from tests.sidecar.helpers import bucket_objects, open_multipart_uploads, stage
 from tests.support.faultproxy import FaultProxy
 
-ROOT = "team/ns-a/job-1"
+ROOT = "ns/job"  # the conftest agent's job root
 # A multipart file (the agent's parts are 5 MiB here) and the small file HF writes last.
 FIRST = {"model.safetensors": 6 * 1024 * 1024}
 LAST = {"trainer_state.json": 300}
-
-
-@pytest.fixture
-def proxy(local_s3: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(local_s3.endpoint) as running:
-        yield running
-
-
-@pytest.fixture
-def agent(
-    tmp_path: Path, proxy: FaultProxy, bucket: str, s3_env: dict[str, str]
-) -> Iterator[AgentProcess]:
-    env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
-    proc = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/{ROOT}", s3_env=env)
-    proc.start()
-    proc.wait_ready()
-    yield proc
-    proc.kill()
 
 
 def _hello(agent: AgentProcess, pid: int | None = None) -> Client:
@@ -60,11 +39,6 @@ def _hello(agent: AgentProcess, pid: int | None = None) -> Client:
 
 def part(step: int, directory: Path, files: list[str], kind: str = "jit") -> protocol.Staging:
     return protocol.Staging(step=step, kind=kind, dir=str(directory), files=tuple(files))
-
-
-def _open_multipart_uploads(local_s3: LocalS3, bucket: str) -> list[str]:
-    answer = local_s3.client().list_multipart_uploads(Bucket=bucket)
-    return [upload["Key"] for upload in answer.get("Uploads", [])]
 
 
 def _add(directory: Path, sizes: dict[str, int]) -> None:
@@ -130,13 +104,13 @@ def test_checkpoint_whose_process_dies_mid_stream_is_never_committed(
         assert trainer.stdout is not None
         assert trainer.stdout.readline().strip() == b"StagedAnswer"
         agent.wait_for(lambda: proxy.injected("SlowDown") > 0, 30, "a part refused")
-        assert _open_multipart_uploads(local_s3, bucket) != []
+        assert open_multipart_uploads(local_s3, bucket) != []
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
     agent.wait_for(lambda: agent.status()["queue"] == [], 30, "the checkpoint to be dropped")
     proxy.clear()
-    assert _open_multipart_uploads(local_s3, bucket) == []
+    assert open_multipart_uploads(local_s3, bucket) == []
     status = agent.status()
     assert status["last_committed"] is None
     assert any(

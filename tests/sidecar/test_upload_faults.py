@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,6 @@ from tests.sidecar.helpers import commit, make_checkpoint
 from tests.support.faultproxy import FaultProxy
 
 SIZES = {"model.safetensors": 11 * 1024 * 1024, "optimizer.pt": 700_000, "config.json": 90}
-
-
-@pytest.fixture
-def proxy(local_s3: LocalS3) -> Iterator[FaultProxy]:
-    with FaultProxy(local_s3.endpoint) as running:
-        yield running
 
 
 @pytest.fixture
