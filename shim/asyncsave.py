@@ -38,7 +38,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from . import dist
+from . import dist, writecall
 from .log import failed, say, say_once
 
 ENV_ASYNC_SAVE = "JITCKPT_ASYNC_SAVE"
@@ -529,7 +529,7 @@ class BackgroundSaves:
         kwargs: Dict[str, Any],
         writer: Optional[Callable[..., Any]] = None,
     ) -> Any:
-        target = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("filename"))
+        target = writecall.target(args, kwargs)
         if not isinstance(target, (str, os.PathLike)):
             return original(*args, **kwargs)  # a buffer or an open file: now
         storages: Dict[Any, Any] = {}

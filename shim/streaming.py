@@ -27,6 +27,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+from . import writecall
 from .channel import SidecarLink
 from .log import failed, say_once
 from .protocol import Staging
@@ -39,13 +40,6 @@ WRITERS: Tuple[Tuple[str, str], ...] = (
     ("safetensors.torch", "save_file"),
     ("transformers.modeling_utils", "safe_save_file"),  # HF's own name for save_file
 )
-
-
-def _target(args: Tuple[Any, ...], kwargs: Any) -> Any:
-    """The file a writer was asked to write: its second argument, or by keyword."""
-    if len(args) > 1:
-        return args[1]
-    return kwargs.get("f", kwargs.get("filename"))
 
 
 class Stream:
@@ -174,7 +168,7 @@ def watching(stream: Stream) -> Iterator[None]:
 def _watched(original: Callable[..., Any], stream: Stream) -> Callable[..., Any]:
     def writer(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        stream.written(_target(args, kwargs))
+        stream.written(writecall.target(args, kwargs))
         return result
 
     writer.__wrapped__ = original  # type: ignore[attr-defined]

@@ -85,6 +85,20 @@ async def upload_files(
     named by their path in the checkpoint, which ``manifest.check_path`` accepted) to
     ``key_of(name)``: their manifest entries, sorted, and the retries it took. Checkpoints
     and the final model both upload through it."""
+    arrivals = Arrivals(sorted(files, key=lambda f: f.name))
+    arrivals.close()
+    return await upload_arriving(store, arrivals, key_of, gate)
+
+
+async def upload_arriving(
+    store: Store,
+    arrivals: Arrivals,
+    key_of: Callable[[str], str],
+    gate: PartGate | None = None,
+) -> tuple[list[mf.FileEntry], int]:
+    """``upload_files`` for files that may arrive while it runs: each is started as soon as
+    it is accepted, ``FILES_IN_FLIGHT`` at a time; the answer comes once the arrivals are
+    closed and every upload is done (one that fails cancels the others)."""
     slots = asyncio.Semaphore(FILES_IN_FLIGHT)
 
     async def one(source: OpenedFile) -> tuple[mf.FileEntry, int]:
@@ -95,34 +109,18 @@ async def upload_files(
         )
         return entry, result.retries
 
-    done = await asyncio.gather(*(one(f) for f in sorted(files, key=lambda f: f.name)))
-    return [entry for entry, _ in done], sum(retries for _, retries in done)
-
-
-async def upload_arriving(
-    store: Store,
-    arrivals: Arrivals,
-    key_of: Callable[[str], str],
-    gate: PartGate | None = None,
-) -> tuple[list[mf.FileEntry], int]:
-    """``upload_files`` for files that arrive while it runs: each is started as soon as it
-    is accepted; the answer comes once the arrivals are closed and every upload is done
-    (one that fails cancels the others)."""
-    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
-
-    async def one(source: OpenedFile) -> tuple[list[mf.FileEntry], int]:
-        async with slots:
-            return await upload_files(store, [source], key_of, gate)
-
-    uploads: list[asyncio.Task[tuple[list[mf.FileEntry], int]]] = []
+    uploads: list[asyncio.Task[tuple[mf.FileEntry, int]]] = []
     try:
         async for source in arrivals.each():
             uploads.append(asyncio.create_task(one(source)))
         done = await asyncio.gather(*uploads)
     except BaseException:
+        # Once each: a task cancelled already (the gather passes a cancel of ours on) is
+        # aborting its multipart upload, which a second cancel would cut short.
         for task in uploads:
-            task.cancel()
+            if not task.done() and not task.cancelling():
+                task.cancel()
         await asyncio.gather(*uploads, return_exceptions=True)
         raise
-    entries = sorted((e for found, _ in done for e in found), key=lambda e: e.path)
+    entries = sorted((entry for entry, _ in done), key=lambda e: e.path)
     return entries, sum(retries for _, retries in done)

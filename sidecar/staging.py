@@ -296,8 +296,7 @@ class StagingArea:
         job is recorded and complete (still partial when refused: the agent drops it)."""
         if (job.step, job.kind) != (request.step, request.kind):
             raise StagingError(f"{job.id} is checkpoint-{job.step} ({job.kind})")
-        names = list(request.files) or self._walk(job.id)
-        self._add(job, _checked_names(tuple(names)))
+        self._add(job, _checked_names(request.files))  # none listed: every file there
         self._check_owned(job)
         try:
             self._write_record(job)
@@ -308,16 +307,17 @@ class StagingArea:
         return job
 
     def _add(self, job: StagedJob, names: list[str]) -> None:
-        """Open ``names`` into ``job``: a name it holds already must be the same inode."""
-        if not names:
-            return
+        """Open ``names`` (none: every file of the job's directory) into ``job``: a name it
+        holds already must still be the same inode, and is not added twice."""
         held = {f.name: f for f in job.files}
-        fresh = [n for n in names if n not in held]
-        if len(job.files) + len(fresh) > mf.MAX_FILES:
+        if len(job.files) + sum(n not in held for n in names) > mf.MAX_FILES:
             raise StagingError(f"a checkpoint may have at most {mf.MAX_FILES} files")
-        opened = self._open_files(job.id, [*fresh, *(n for n in names if n in held)])
-        again = opened[len(fresh) :]
+        opened = self._open_files(job.id, names)
+        fresh = [f for f in opened if f.name not in held]
+        again = [f for f in opened if f.name in held]
         try:
+            if len(job.files) + len(fresh) > mf.MAX_FILES:
+                raise StagingError(f"a checkpoint may have at most {mf.MAX_FILES} files")
             for now in again:
                 before = held[now.name]
                 if (now.device, now.inode, now.size) != (before.device, before.inode, before.size):
@@ -328,22 +328,7 @@ class StagingArea:
             raise
         for now in again:
             now.close()
-        job.files.extend(opened[: len(fresh)])
-
-    def _walk(self, job_id: str) -> list[str]:
-        staging = self._open_staging()
-        try:
-            directory = safefs.open_dir(staging, job_id)
-        except OSError as exc:
-            raise StagingError(f"{self.dir / job_id}: {_reason(exc)}") from None
-        finally:
-            os.close(staging)
-        try:
-            return safefs.walk_files(directory, mf.MAX_FILES, mf.MAX_DEPTH)
-        except OSError as exc:
-            raise StagingError(f"{job_id}: {_reason(exc)}") from None
-        finally:
-            os.close(directory)
+        job.files.extend(fresh)
 
     def _take(self, job_id: str, request: protocol.Staged, now: float) -> StagedJob:
         names = _checked_names(request.files)

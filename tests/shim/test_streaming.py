@@ -28,20 +28,27 @@ from tests.sidecar.helpers import bucket_objects
 MANIFEST = ".jitckpt/node-0.json"
 
 
-def _link(agent: AgentProcess) -> SidecarLink:
+def _stream(
+    shim_env: ShimEnv, agent: AgentProcess, step: int
+) -> tuple[SidecarLink, Path, str, streaming.Stream]:
+    """A link to the agent after ``hello``, ``checkpoint-<step>`` made, and a stream of it."""
     link = SidecarLink(str(agent.socket), timeout=30)
     assert isinstance(link.hello(shimtalk.hello(os.getpid())), protocol.HelloAnswer)
-    return link
+    directory = shim_env.checkpoints / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    staging = str(shim_env.local / "staging")
+    return (
+        link,
+        directory,
+        staging,
+        streaming.Stream(link, str(directory), staging, step, protocol.KIND_JIT),
+    )
 
 
 def test_file_written_twice_ends_streaming_and_the_checkpoint_goes_whole(
     shim_env: ShimEnv, agent: AgentProcess, local_s3: LocalS3
 ) -> None:
-    link = _link(agent)
-    directory = shim_env.checkpoints / "checkpoint-5"
-    directory.mkdir(parents=True)
-    staging = str(shim_env.local / "staging")
-    stream = streaming.Stream(link, str(directory), staging, 5, protocol.KIND_JIT)
+    link, directory, staging, stream = _stream(shim_env, agent, 5)
     with streaming.watching(stream):
         torch.save({"w": torch.zeros(1000)}, directory / "model.pt")
         assert stream.handed == ["model.pt"] and not stream.broken
@@ -66,11 +73,7 @@ def test_file_written_twice_ends_streaming_and_the_checkpoint_goes_whole(
 def test_writes_outside_the_checkpoint_or_on_other_threads_are_not_streamed(
     shim_env: ShimEnv, agent: AgentProcess, tmp_path: Path
 ) -> None:
-    link = _link(agent)
-    directory = shim_env.checkpoints / "checkpoint-6"
-    directory.mkdir(parents=True)
-    staging = str(shim_env.local / "staging")
-    stream = streaming.Stream(link, str(directory), staging, 6, protocol.KIND_JIT)
+    _, directory, _, stream = _stream(shim_env, agent, 6)
     with streaming.watching(stream):
         torch.save({"w": 1}, tmp_path / "elsewhere.pt")
         worker = threading.Thread(target=torch.save, args=({"w": 2}, directory / "other.pt"))
@@ -88,11 +91,7 @@ def test_file_written_aside_and_renamed_is_not_committed_under_its_temporary_nam
     state files are written): the temporary name was streamed, the checkpoint holds the
     renamed file; it is handed over whole, and the commit has no temporary file (one
     uploaded before the part was dropped is not in the manifest: a restore never reads it)."""
-    link = _link(agent)
-    directory = shim_env.checkpoints / "checkpoint-8"
-    directory.mkdir(parents=True)
-    staging = str(shim_env.local / "staging")
-    stream = streaming.Stream(link, str(directory), staging, 8, protocol.KIND_JIT)
+    link, directory, staging, stream = _stream(shim_env, agent, 8)
     with streaming.watching(stream):
         torch.save({"w": torch.zeros(100)}, directory / "state.pt.tmp-1")
         os.replace(directory / "state.pt.tmp-1", directory / "state.pt")
