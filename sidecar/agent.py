@@ -479,6 +479,12 @@ class Agent:
         once a ``staged`` on this connection completes the checkpoint."""
         if request.kind != protocol.KIND_JIT:
             return protocol.ErrorAnswer.of("only a JIT checkpoint is staged in parts")
+        committed = self.uploader.newest_committed
+        if committed is not None and request.step <= committed:
+            # its parts would overwrite the committed checkpoint's objects before it is whole
+            return protocol.ErrorAnswer.of(
+                f"checkpoint-{committed} is committed: checkpoint-{request.step} is not streamed"
+            )
         known = self.staged_jobs.partial_of(peer)
         self._stop_partial_timer(peer)  # not dropped while this part is being accepted
         try:

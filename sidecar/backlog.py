@@ -17,6 +17,9 @@ keeps the bytes). Two rules follow, and they are the whole policy:
   older step, queued or uploading, is dropped: nothing older can be the one a
   restore picks. At shutdown this is what lets the pod end right after the JIT
   checkpoint is committed, instead of uploading the superseded periodic ones.
+  One accepted later at step N or older is dropped at once: uploaded, it would
+  overwrite the committed checkpoint's objects (same keys) before its own
+  manifest, and a torn upload would leave that commit unrestorable.
 
 A JIT checkpoint being accepted drops nothing by itself: until it is
 committed, the older ones are what a restore would fall back to. The final
@@ -42,7 +45,7 @@ def superseded_on_accept(
 ) -> list[tuple[StagedJob, str]]:
     """The jobs to drop now that ``new`` is accepted, each with why (``queued``: the jobs
     waiting, not uploading; ``committed``: the newest step this node committed)."""
-    if is_checkpoint(new) and committed is not None and new.step < committed:
+    if is_checkpoint(new) and committed is not None and new.step <= committed:
         return [(new, reason(committed, committed=True))]
     if new.kind != protocol.KIND_PERIODIC:
         return []

@@ -84,6 +84,11 @@ class Uploader:
         self._pause_over = False
         self.last_error: str | None = None
 
+    @property
+    def newest_committed(self) -> int | None:
+        """The newest checkpoint step this node committed (not final/), if any."""
+        return self._newest_committed
+
     # -- queue ---------------------------------------------------------------
 
     async def submit(self, job: StagedJob) -> None:

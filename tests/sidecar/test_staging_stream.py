@@ -204,3 +204,32 @@ def test_checkpoint_never_completed_is_dropped_after_its_idle_time(
         assert agent.terminate() == 0
     finally:
         agent.kill()
+
+
+def test_a_committed_step_is_never_overwritten_by_a_later_checkpoint_of_it(
+    agent: AgentProcess, local_s3: LocalS3, bucket: str
+) -> None:
+    """Once checkpoint-7 is committed, neither a stream nor a whole ``staged`` of step 7
+    (or older) touches its objects: the parts would land on the committed keys before
+    the new checkpoint is whole, and a torn one would leave step 7 unrestorable."""
+    client = _hello(agent)
+    committed, _ = stage(agent.staging, "checkpoint-7-periodic-1-1", {**FIRST, **LAST})
+    answer = client.call(shimtalk.staged(7, "periodic", committed, [*FIRST, *LAST]))
+    assert isinstance(answer, protocol.StagedAnswer), answer
+    agent.wait_for(lambda: agent.committed_step() == 7, 60, "the commit of step 7")
+    before = bucket_objects(local_s3, bucket)
+    for step in (7, 6):
+        again, _ = stage(agent.staging, f"checkpoint-{step}-jit-1-1", {**FIRST, **LAST})
+        answer = client.call(part(step, again, list(FIRST)))
+        assert isinstance(answer, protocol.ErrorAnswer), answer
+        assert "checkpoint-7 is committed" in answer.error
+        # Handed over whole instead (what the shim does once a part is refused): dropped.
+        answer = client.call(shimtalk.staged(step, "jit", again, [*FIRST, *LAST]))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        agent.wait_for(lambda: agent.status()["queue"] == [], 30, "the drop")
+    client.close()
+    assert bucket_objects(local_s3, bucket) == before
+    status = agent.status()
+    assert {d["step"] for d in status["superseded"]} == {6, 7}, status
+    assert status["last_committed"]["step"] == 7
+    assert agent.terminate() == 0
