@@ -19,6 +19,7 @@ from types import TracebackType
 
 from bench.procs import Background, tool
 from shim import layout
+from shim.asyncsave import ENV_ASYNC_SAVE
 
 GRACE_SECONDS = 300
 SHUTDOWN_MARGIN = 15  # the webhook leaves torchrun this much less than the grace period
@@ -72,9 +73,14 @@ class JitckptNode:
         )
         return env
 
-    def trainer_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """The trainer container's env: the shim on PYTHONPATH, no S3 credentials."""
+    def trainer_env(
+        self, base: dict[str, str] | None = None, *, async_save: bool = True
+    ) -> dict[str, str]:
+        """The trainer container's env: the shim on PYTHONPATH, no S3 credentials;
+        ``async_save=False``: periodic saves by the framework's own synchronous save."""
         env = dict(os.environ if base is None else base)
+        if not async_save:
+            env[ENV_ASYNC_SAVE] = "false"
         existing = env.get("PYTHONPATH")
         env["PYTHONPATH"] = f"{self.shim_dir}:{existing}" if existing else str(self.shim_dir)
         env.update(

@@ -14,9 +14,11 @@ writer competing for the cores; bench/timeline.py). Each save in each run is
 a sample.
 
 The Lightning path (bench/lightning_workload.py, an MLP with AdamW) is
-measured the same way at 500 MB (50 MB with --quick): jitckpt as it ships
-(periodic saves from ``JITCKPT_SAVE_STEPS``, written behind the loop, uploads
-running) against Lightning's own synchronous save at the same cadence
+measured the same way at 500 MB (50 MB with --quick), under the same three
+subjects: jitckpt as it ships (periodic saves from ``JITCKPT_SAVE_STEPS``,
+written behind the loop, uploads running), jitckpt with
+``JITCKPT_ASYNC_SAVE=false`` (Lightning's own synchronous save, uploads
+running), and plain Lightning at the same cadence
 (``ModelCheckpoint(every_n_train_steps)``, which calls
 ``Trainer.save_checkpoint``, nothing uploaded).
 
@@ -39,7 +41,6 @@ from bench.lightning_workload import hidden_for_state
 from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, workload_argv
-from shim.asyncsave import ENV_ASYNC_SAVE
 from shim.layout import ENV_SAVE_STEPS
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ PLAIN = "plain transformers save"
 SUBJECTS = (JITCKPT, JITCKPT_SYNC, PLAIN)
 LIGHTNING_JITCKPT = JITCKPT  # the reference of its case, as in the HF cases
 LIGHTNING_PLAIN = "plain Lightning save"
-LIGHTNING_SUBJECTS = (LIGHTNING_JITCKPT, LIGHTNING_PLAIN)
+LIGHTNING_SUBJECTS = (LIGHTNING_JITCKPT, JITCKPT_SYNC, LIGHTNING_PLAIN)
 LIGHTNING_LAYERS = 3
 LIGHTNING_BATCH = 8
 SAVE_EVERY = 5
@@ -87,10 +88,7 @@ def stalls(
         )
         if subject in (JITCKPT, JITCKPT_SYNC):
             with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
-                env = node.trainer_env()
-                if subject == JITCKPT_SYNC:
-                    env[ENV_ASYNC_SAVE] = "false"
-                _train(argv, env, work, timeout)
+                _train(argv, node.trainer_env(async_save=subject == JITCKPT), work, timeout)
         else:
             _train(argv, dict(os.environ), work, timeout)
         events = timeline.read(timeline_path)
@@ -122,9 +120,10 @@ def lightning_stalls(
             "--timeline",
             str(timeline_path),
         ]
-        if subject == LIGHTNING_JITCKPT:
+        if subject in (LIGHTNING_JITCKPT, JITCKPT_SYNC):
             with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
-                env = {**node.trainer_env(), ENV_SAVE_STEPS: str(SAVE_EVERY)}
+                env = node.trainer_env(async_save=subject == LIGHTNING_JITCKPT)
+                env[ENV_SAVE_STEPS] = str(SAVE_EVERY)
                 _train(argv, env, work, timeout)
         else:
             _train([*argv, "--save-steps", str(SAVE_EVERY)], dict(os.environ), work, timeout)
@@ -224,7 +223,8 @@ def hf_case(
 
 
 def _lightning_case(options: BenchOptions, s3: LocalS3) -> Case:
-    """The Lightning path at 500 MB (50 MB with --quick): jitckpt against Lightning's save."""
+    """The Lightning path at 500 MB (50 MB with --quick): jitckpt against Lightning's own
+    save, with and without uploads."""
     label, state_bytes = ("50 MB", 50 * MB) if options.quick else ("500 MB", 500 * MB)
     hidden = hidden_for_state(state_bytes, LIGHTNING_LAYERS)
     samples = _samples(
@@ -238,7 +238,8 @@ def _lightning_case(options: BenchOptions, s3: LocalS3) -> Case:
         f"Lightning, {label} state (h={hidden}, layers={LIGHTNING_LAYERS})",
         samples,
         SAVE_EVERY,
-        "stall, Lightning: as above; jitckpt's periodic saves (uploads running) against "
+        "stall, Lightning: as above; jitckpt's periodic saves (JITCKPT_SAVE_STEPS), "
+        "background and synchronous, uploads running, and plain Lightning's "
         "ModelCheckpoint(every_n_train_steps) at the same cadence, nothing uploaded",
     )
 
