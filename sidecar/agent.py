@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shim import layout, protocol
-from sidecar import events, final, retention, shimcopy, staging, termination
+from sidecar import backlog, events, final, retention, shimcopy, staging, termination
 from sidecar import manifest as mf
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
@@ -480,8 +480,7 @@ class Agent:
         if request.kind != protocol.KIND_JIT:
             return protocol.ErrorAnswer.of("only a JIT checkpoint is staged in parts")
         committed = self.uploader.newest_committed
-        if committed is not None and request.step <= committed:
-            # its parts would overwrite the committed checkpoint's objects before it is whole
+        if backlog.at_or_below(request.step, committed):
             return protocol.ErrorAnswer.of(
                 f"checkpoint-{committed} is committed: checkpoint-{request.step} is not streamed"
             )

@@ -45,7 +45,7 @@ def superseded_on_accept(
 ) -> list[tuple[StagedJob, str]]:
     """The jobs to drop now that ``new`` is accepted, each with why (``queued``: the jobs
     waiting, not uploading; ``committed``: the newest step this node committed)."""
-    if is_checkpoint(new) and committed is not None and new.step <= committed:
+    if committed is not None and is_checkpoint(new) and at_or_below(new.step, committed):
         return [(new, reason(committed, committed=True))]
     if new.kind != protocol.KIND_PERIODIC:
         return []
@@ -55,6 +55,12 @@ def superseded_on_accept(
         return [(new, reason(newest, committed=False))]
     why = reason(new.step, committed=False)
     return [(j, why) for j in waiting if j.step < new.step]
+
+
+def at_or_below(step: int, committed: int | None) -> bool:
+    """Whether a checkpoint of ``step`` would land on or behind the newest committed one:
+    never uploaded (its objects would overwrite that commit's before its own manifest)."""
+    return committed is not None and step <= committed
 
 
 def superseded_by_commit(step: int, staged: Iterable[StagedJob]) -> list[StagedJob]:
