@@ -49,8 +49,9 @@ def _on_lightning(config: ShimConfig) -> None:
 
 def _on_torch_distributed(config: ShimConfig) -> None:
     def hook(module: ModuleType) -> None:
-        from . import lease, watcher
+        from . import glooexit, lease, watcher
 
+        glooexit.install()
         if not pids.is_multiprocessing_child():
             lease.take(config.socket_path)  # a launcher or a training process from here on
         watcher.start(config)

@@ -25,8 +25,10 @@ apart:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -49,6 +51,11 @@ HOLD_TIMEOUT_SECONDS = 300.0
 # The held step is reported again this often: a rate-limited report of an earlier
 # step, still on its way on the progress connection, may land after the first one.
 HOLD_REPORT_SECONDS = 1.0
+# After a JIT save the sidecar owns the checkpoint; the goodbye (last progress, ``bye``,
+# the program's own SIGTERM handler) normally takes milliseconds and may take this long.
+EXIT_DEADLINE_SECONDS = 10.0
+# Between the stack dump at the deadline and the forced exit (time to write the stacks).
+EXIT_AFTER_STACKS_SECONDS = 0.5
 # Values of the hold agreement (all-reduce MAX): nothing yet, give up, SIGTERM came.
 _HOLD_WAIT, _HOLD_GIVE_UP, _HOLD_STOP = 0, 1, 2
 # Votes at a step end (all-reduce MAX): train on, stop for a JIT save, every rank leaves.
@@ -70,6 +77,31 @@ def hand_over(
     if staged_id is not None:
         say("%s checkpoint-%d handed to the sidecar" % (kind, step))
     return staged_id
+
+
+def _exit_within(seconds: float) -> None:
+    """Make sure this process ends ``seconds`` from now, with 143, whatever it waits on.
+
+    faulthandler's own thread, which needs no GIL, prints every thread's stack
+    on stderr at the deadline, so a hang is seen where it is rather than as a
+    SIGKILL at the end of the grace period; a moment later a timer thread ends
+    the process (it needs the GIL: any wait on a lock, a socket or a sleep lets
+    it go).
+    """
+
+    def leave() -> None:
+        say("still here %g s after the JIT save: exiting with %d now" % (seconds, JIT_EXIT_CODE))
+        with contextlib.suppress(Exception):  # the main thread may be removing it as well
+            pids.unregister()
+        os._exit(JIT_EXIT_CODE)
+
+    try:
+        faulthandler.dump_traceback_later(seconds, exit=False)
+    except Exception as exc:  # no usable stderr: the timer still ends the process
+        failed("arming the exit stack dump", exc)
+    timer = threading.Timer(seconds + EXIT_AFTER_STACKS_SECONDS, leave)
+    timer.daemon = True
+    timer.start()
 
 
 class TrainingRun:
@@ -239,8 +271,14 @@ class TrainingRun:
             failed("the last progress report", exc)
 
     def exit_after_jit(self, step: int, max_steps: int, epoch: float) -> None:
-        """Leave with 143 without returning into the user's code (no "final" save of a cut run)."""
+        """Leave with 143 without returning into the user's code (no "final" save of a cut run).
+
+        The sidecar owns the checkpoint already; what is left (the last progress report,
+        ``bye``, the program's own SIGTERM handler) may not hold the node: past
+        ``EXIT_DEADLINE_SECONDS`` the process leaves anyway.
+        """
         say("JIT checkpoint-%s saved; exiting with %d" % (self.jit_step, JIT_EXIT_CODE))
+        _exit_within(EXIT_DEADLINE_SECONDS)
         self.final_progress(step, max_steps, epoch)
         self.process.bye(JIT_EXIT_CODE)
         FLAG.run_previous()

@@ -289,3 +289,39 @@ def test_jit_off_leaves_sigterm_alone(shim_env: ShimEnv, spawn: Spawn, tmp_path:
     run.signal(signal.SIGTERM)
     assert run.wait() == -signal.SIGTERM
     assert checkpoint_steps(shim_env.checkpoints) == []
+
+
+HANDLER_NEVER_RETURNS_SCRIPT = """
+import signal, sys, threading
+def handler(signum, frame):
+    print("user handler waits forever", flush=True)
+    threading.Event().wait()
+signal.signal(signal.SIGTERM, handler)
+from local.demo import train_tiny
+sys.exit(train_tiny.main())
+"""
+
+
+@pytest.mark.slow
+def test_a_hang_after_the_jit_save_does_not_hold_the_node(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """The program's own SIGTERM handler never returns: the process still leaves with 143,
+    at the exit deadline, and says where it was stuck."""
+    script = tmp_path / "hangs.py"
+    script.write_text(HANDLER_NEVER_RETURNS_SCRIPT)
+    run = spawn(
+        [PYTHON, str(script), "--output-dir", str(tmp_path / "out"), "--step-sleep", "0.3"],
+        shim_env.env,
+    )
+    run.wait_for("rank 0 step 2/", timeout=90)
+    run.signal(signal.SIGTERM)
+    run.wait_for("user handler waits forever", timeout=60)
+    waiting = time.monotonic()
+    assert run.wait(timeout=60) == 143
+    waited = time.monotonic() - waiting
+    output = run.output()
+    assert "still here" in output
+    assert f'File "{script}"' in output  # the stack dump names the stuck handler's line
+    assert len(checkpoint_steps(shim_env.checkpoints)) == 1
+    assert waited > 5  # it did wait in the handler: the exit came from the deadline
