@@ -225,6 +225,7 @@ class Agent:
             self._on_error,
             on_drop=self._on_drop,
             on_superseded=self._on_superseded,
+            newest_committed=self.restored.step,
         )
         self.state.queue_view = self.uploader.snapshot
         jobs, dropped = await asyncio.to_thread(self.staged_jobs.recover)

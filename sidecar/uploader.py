@@ -62,6 +62,7 @@ class Uploader:
         on_drop: OnDrop | None = None,
         on_superseded: OnDrop | None = None,
         max_pause: float = MAX_PAUSE,
+        newest_committed: int | None = None,
     ) -> None:
         self._store = store
         self._config = config
@@ -75,7 +76,9 @@ class Uploader:
         self._active: dict[str, StagedJob] = {}
         self._uploads: dict[str, asyncio.Task[None]] = {}  # job id -> its upload in flight
         self._superseded: dict[str, str] = {}  # job id -> why its upload was cancelled
-        self._newest_committed: int | None = None  # of the checkpoints (not final/)
+        # Of the checkpoints (not final/): the restored one's step to start with, since
+        # it is committed in the store (a JIT save at that very step must not overwrite it).
+        self._newest_committed = newest_committed
         self._failures: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self._urgent_clear = asyncio.Event()

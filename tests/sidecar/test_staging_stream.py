@@ -233,3 +233,41 @@ def test_a_committed_step_is_never_overwritten_by_a_later_checkpoint_of_it(
     assert {d["step"] for d in status["superseded"]} == {6, 7}, status
     assert status["last_committed"]["step"] == 7
     assert agent.terminate() == 0
+
+
+def test_the_restored_step_is_never_overwritten_by_the_next_pod(
+    agent: AgentProcess, local_s3: LocalS3, bucket: str, tmp_path: Path
+) -> None:
+    """The next pod restores checkpoint-7; a SIGTERM before its first step makes a JIT
+    save of step 7 again: neither its parts nor its whole ``staged`` touch the objects
+    the restore came from (committed by the pod before, not by this agent)."""
+    client = _hello(agent)
+    committed, _ = stage(agent.staging, "checkpoint-7-periodic-1-1", {**FIRST, **LAST})
+    answer = client.call(shimtalk.staged(7, "periodic", committed, [*FIRST, *LAST]))
+    assert isinstance(answer, protocol.StagedAnswer), answer
+    agent.wait_for(lambda: agent.committed_step() == 7, 60, "the commit of step 7")
+    client.close()
+    assert agent.terminate() == 0
+    before = bucket_objects(local_s3, bucket)
+
+    (tmp_path / "next-pod").mkdir()
+    following = AgentProcess(
+        root=tmp_path / "next-pod", destination=agent.destination, s3_env=agent.s3_env
+    )
+    following.start()
+    try:
+        following.wait_ready()
+        client = _hello(following)
+        assert following.status()["restored"]["step"] == 7
+        again, _ = stage(following.staging, "checkpoint-7-jit-1-1", {**FIRST, **LAST})
+        answer = client.call(part(7, again, list(FIRST)))
+        assert isinstance(answer, protocol.ErrorAnswer), answer
+        assert "checkpoint-7 is committed" in answer.error
+        answer = client.call(shimtalk.staged(7, "jit", again, [*FIRST, *LAST]))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        following.wait_for(lambda: following.status()["queue"] == [], 30, "the drop")
+        client.close()
+        assert bucket_objects(local_s3, bucket) == before
+        assert following.terminate() == 0
+    finally:
+        following.kill()
