@@ -16,6 +16,7 @@ from tests.shim.support import (
     PYTHON,
     TORCHRUN,
     TRAIN_TINY,
+    Proc,
     ShimEnv,
     Spawn,
     checkpoint_steps,
@@ -228,29 +229,42 @@ def test_sigterm_outside_train_behaves_as_without_shim(
     assert checkpoint_steps(shim_env.checkpoints) == []
 
 
-HANDLER_DURING_TRAIN_SCRIPT = """
-import signal, sys
-def handler(signum, frame):
-    print("user handler ran", flush=True)
-    sys.exit(5)
-signal.signal(signal.SIGTERM, handler)
-from local.demo import train_tiny
-sys.exit(train_tiny.main())
-"""
+def user_handler_script(body: str) -> str:
+    """A training script that installs its own SIGTERM handler (``body``) first."""
+    return (
+        "import signal, sys, threading\n"
+        "def handler(signum, frame):\n"
+        + textwrap.indent(textwrap.dedent(body).lstrip("\n"), "    ")
+        + "signal.signal(signal.SIGTERM, handler)\n"
+        "from local.demo import train_tiny\n"
+        "sys.exit(train_tiny.main())\n"
+    )
 
 
-@pytest.mark.slow
-def test_user_sigterm_handler_runs_after_the_jit_save(
-    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
-) -> None:
+def preempt_with_user_handler(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path, handler_body: str
+) -> Proc:
+    """Train with the program's own SIGTERM handler; SIGTERM after step 2."""
     script = tmp_path / "handler.py"
-    script.write_text(HANDLER_DURING_TRAIN_SCRIPT)
+    script.write_text(user_handler_script(handler_body))
     run = spawn(
         [PYTHON, str(script), "--output-dir", str(tmp_path / "out"), "--step-sleep", "0.3"],
         shim_env.env,
     )
     run.wait_for("rank 0 step 2/", timeout=90)
     run.signal(signal.SIGTERM)
+    return run
+
+
+@pytest.mark.slow
+def test_user_sigterm_handler_runs_after_the_jit_save(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    body = """
+        print("user handler ran", flush=True)
+        sys.exit(5)
+    """
+    run = preempt_with_user_handler(shim_env, spawn, tmp_path, body)
     assert run.wait() == 143
     output = run.output()
     assert output.index("JIT checkpoint-") < output.index("user handler ran")
@@ -291,37 +305,23 @@ def test_jit_off_leaves_sigterm_alone(shim_env: ShimEnv, spawn: Spawn, tmp_path:
     assert checkpoint_steps(shim_env.checkpoints) == []
 
 
-HANDLER_NEVER_RETURNS_SCRIPT = """
-import signal, sys, threading
-def handler(signum, frame):
-    print("user handler waits forever", flush=True)
-    threading.Event().wait()
-signal.signal(signal.SIGTERM, handler)
-from local.demo import train_tiny
-sys.exit(train_tiny.main())
-"""
-
-
 @pytest.mark.slow
 def test_a_hang_after_the_jit_save_does_not_hold_the_node(
     shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
     """The program's own SIGTERM handler never returns: the process still leaves with 143,
     at the exit deadline, and says where it was stuck."""
-    script = tmp_path / "hangs.py"
-    script.write_text(HANDLER_NEVER_RETURNS_SCRIPT)
-    run = spawn(
-        [PYTHON, str(script), "--output-dir", str(tmp_path / "out"), "--step-sleep", "0.3"],
-        shim_env.env,
-    )
-    run.wait_for("rank 0 step 2/", timeout=90)
-    run.signal(signal.SIGTERM)
+    body = """
+        print("user handler waits forever", flush=True)
+        threading.Event().wait()
+    """
+    run = preempt_with_user_handler(shim_env, spawn, tmp_path, body)
     run.wait_for("user handler waits forever", timeout=60)
     waiting = time.monotonic()
     assert run.wait(timeout=60) == 143
     waited = time.monotonic() - waiting
     output = run.output()
     assert "still here" in output
-    assert f'File "{script}"' in output  # the stack dump names the stuck handler's line
+    assert 'handler.py", line 4 in handler' in output  # the stack dump names where it hangs
     assert len(checkpoint_steps(shim_env.checkpoints)) == 1
     assert waited > 5  # it did wait in the handler: the exit came from the deadline
