@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import time
 
 from .log import failed
@@ -38,7 +37,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import List
 
-DISTRIBUTED_MODULE = "torch.distributed"
 TASKS = "/proc/self/task"
 # The name torch gives gloo's worker threads (the kernel keeps 15 characters of it).
 RUNLOOP_THREAD = "pt_gloo_runloop"
@@ -97,8 +95,8 @@ def settle(limit: float = SETTLE_LIMIT_SECONDS) -> bool:
 
 
 def _at_exit(pid: int) -> None:
-    if os.getpid() != pid or DISTRIBUTED_MODULE not in sys.modules:
-        return  # a forked child's copy of the handler, or no torch.distributed after all
+    if os.getpid() != pid:
+        return  # a forked child's copy of the handler: the threads are its parent's
     try:
         settle()
     except Exception as exc:

@@ -90,8 +90,11 @@ def _prune(pids_dir: str) -> None:
 
 def unregister(pid: Optional[int] = None) -> None:
     """Remove the pid file; called at exit, and before ``os._exit`` (no atexit there)."""
-    if not _REGISTERED or (pid is not None and os.getpid() != pid):
+    if pid is not None and os.getpid() != pid:
         return  # a forked child runs its parent's atexit handlers: not its file
-    path = _REGISTERED.pop()
+    try:
+        path = _REGISTERED.pop()  # one atomic step: two threads may unregister at once
+    except IndexError:
+        return
     with contextlib.suppress(OSError):
         os.unlink(path)

@@ -91,8 +91,7 @@ def _exit_within(seconds: float) -> None:
 
     def leave() -> None:
         say("still here %g s after the JIT save: exiting with %d now" % (seconds, JIT_EXIT_CODE))
-        with contextlib.suppress(Exception):  # the main thread may be removing it as well
-            pids.unregister()
+        pids.unregister()
         os._exit(JIT_EXIT_CODE)
 
     try:
