@@ -5,7 +5,8 @@ directory (bench/checkpoint_files.py). A fourth subject runs the sidecar's
 storage layer with s5cmd-sized parts and more in flight (JITCKPT_PART_SIZE,
 JITCKPT_UPLOAD_CONCURRENCY), to show what its defaults cost. Each client uploads to its own prefix
 of the same LocalS3 bucket, then downloads what it uploaded into an empty
-directory. Clients alternate order every repetition. The part size and
+directory. Clients rotate their order every repetition, and there are as many
+repetitions as clients: each client takes each place once (see run()). The part size and
 concurrency each client used are recorded with its samples.
 
 CPU: for the Python clients the process CPU time of the transfer itself
@@ -120,9 +121,15 @@ def transfer(
 def run(options: BenchOptions) -> list[Case]:
     from local.s3server import LocalS3
 
-    # make bench within 45 minutes: this was 16 of them at 5 repetitions of a 1 GB file
-    # (boto3 downloads it at about 13 MB/s here)
-    reps = options.repetitions(3, 3)
+    # One repetition per client, so that every client takes every place in the order once:
+    # on this machine a download's cost depends on its place. The same client's took 1.2
+    # CPU s/GB run first and 2.0 to 2.7 run third (s5cmd's single file: 0.85 and 1.65), all
+    # of the difference in the kernel's copy into fresh page-cache pages. What fits: this
+    # guest reports freed memory to its hypervisor (free page reporting), so the first touch
+    # of such a page faults in the host, and whoever allocates first after others freed
+    # pays. Fewer repetitions would favour whoever runs first.
+    # (make bench within 45 minutes: 5 repetitions of a 1 GB file were 16 of them.)
+    reps = options.repetitions(len(CLIENTS), len(CLIENTS))
     file_size = 200 * MB if options.quick else 500 * MB
     checkpoint_state = 60 * MB if options.quick else 500 * MB
     samples: dict[tuple[str, str, str], list[Measured]] = {}
