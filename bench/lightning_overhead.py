@@ -14,15 +14,15 @@ rank 0 after a warm-up.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench import harness, timeline
+from bench import harness
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import REPO_ROOT, tool
+from bench.procs import tool
+from bench.rates import Rates, TrainingRun, torchrun_rate
 from bench.results import Case, Series
 
 NAME = "lightning_overhead"
@@ -32,10 +32,10 @@ BUCKET = "bench-lightning"
 WARMUP_STEPS = 5
 
 
-def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> float:
+def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> TrainingRun:
     """Steady-state steps/s of rank 0 in a 2-rank gloo Lightning run."""
     path = work / f"timeline-{time.monotonic_ns()}.jsonl"
-    subprocess.run(
+    return torchrun_rate(
         [
             tool("torchrun"),
             "--nproc-per-node",
@@ -51,13 +51,11 @@ def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> flo
             "--timeline",
             str(path),
         ],
-        env={**env, "OMP_NUM_THREADS": "1"},
-        cwd=REPO_ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        {**env, "OMP_NUM_THREADS": "1"},
+        path,
+        last_step=steps,
+        skip=WARMUP_STEPS,
     )
-    return timeline.steps_per_second(timeline.read(path), skip=WARMUP_STEPS)
 
 
 def run(options: BenchOptions) -> list[Case]:
@@ -65,7 +63,7 @@ def run(options: BenchOptions) -> list[Case]:
 
     reps = options.repetitions(5, 3)
     steps = 60 if options.quick else 150
-    samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
+    rates = Rates((WITH, WITHOUT))
     with tempfile.TemporaryDirectory(prefix="bench-lightning-") as tmp, LocalS3() as s3:
         s3.create_bucket(BUCKET)
         work = Path(tmp)
@@ -75,7 +73,7 @@ def run(options: BenchOptions) -> list[Case]:
             order = ((WITH, node.trainer_env()), (WITHOUT, node.trainer_env_without_shim()))
             for rep in range(reps):
                 for subject, env in order if rep % 2 == 0 else order[::-1]:
-                    samples[subject].append(training_rate(work, env, steps, free_port()))
+                    rates.add(subject, training_rate(work, env, steps, free_port()))
     return [
         Case(
             benchmark=NAME,
@@ -84,11 +82,12 @@ def run(options: BenchOptions) -> list[Case]:
             unit="steps/s",
             lower_is_better=False,
             series=[
-                Series(s, samples[s], {"steps": steps, "warmup": WARMUP_STEPS}) for s in samples
+                Series(s, rates.samples[s], {"steps": steps, "warmup": WARMUP_STEPS})
+                for s in rates.subjects
             ],
             reference=WITH,
             note="lightning_overhead: with shim = PYTHONPATH at the shim and JITCKPT_DIR set, "
-            "a real agent on LocalS3 behind it",
+            f"a real agent on LocalS3 behind it; {rates.abort_note()}",
         )
     ]
 

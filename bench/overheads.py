@@ -5,12 +5,8 @@ Start-up: the same command with and without the shim's environment
 process. Per step: `torchrun --nproc-per-node 2` (gloo) of bench/workload.py
 with no periodic saves, with the shim (and a real agent, so the shim is fully
 active and agrees the SIGTERM flag across ranks at every step end) and without.
-
-A torchrun whose ranks finished every step and only then aborted at exit
-(SIGABRT: torch's gloo teardown racing interpreter finalization, which the
-shim's exit wait prevents, shim/glooexit.py) still counts its steps: the rate
-was measured. The aborts are counted per subject in the case's note; any other
-failure fails the benchmark.
+A run that aborted at exit after its last step keeps its rate and is counted
+(bench/rates.py).
 
     python -m bench.overheads [--quick] [--reps N]
 """
@@ -21,13 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from bench import harness, timeline
+from bench import harness
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
 from bench.procs import REPO_ROOT, tool
+from bench.rates import Rates, TrainingRun, torchrun_rate
 from bench.results import Case, Series
 
 NAME = "overheads"
@@ -71,20 +67,10 @@ def startup_cases(options: BenchOptions, node: JitckptNode) -> list[Case]:
     return cases
 
 
-# torchrun's report of a rank killed by SIGABRT
-ABORT_MARK = "exitcode  : -6"
-
-
-@dataclass(frozen=True)
-class TrainingRun:
-    steps_per_second: float
-    aborted_at_exit: bool  # every step done, then a rank died of SIGABRT
-
-
 def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> TrainingRun:
     """Steady-state steps/s of rank 0 in a 2-rank gloo run of the workload."""
     path = work / f"timeline-{time.monotonic_ns()}.jsonl"
-    completed = subprocess.run(
+    return torchrun_rate(
         [
             tool("torchrun"),
             "--nproc-per-node",
@@ -104,20 +90,11 @@ def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> Tra
             "--timeline",
             str(path),
         ],
-        env=env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
+        env,
+        path,
+        last_step=steps,
+        skip=WARMUP_STEPS,
     )
-    events = timeline.read(path)
-    aborted = completed.returncode != 0
-    if aborted and not (
-        ABORT_MARK in completed.stderr and steps in timeline.times(events, "step_end")
-    ):
-        raise RuntimeError(f"torchrun exited {completed.returncode}: {completed.stderr[-3000:]}")
-    return TrainingRun(timeline.steps_per_second(events, skip=WARMUP_STEPS), aborted)
 
 
 def step_case(options: BenchOptions, node: JitckptNode, work: Path) -> Case:
@@ -125,26 +102,24 @@ def step_case(options: BenchOptions, node: JitckptNode, work: Path) -> Case:
 
     reps = options.repetitions(5, 3)
     steps = 30 if options.quick else 60
-    samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
-    aborts = dict.fromkeys(samples, 0)
+    rates = Rates((WITH, WITHOUT))
     order = ((WITH, node.trainer_env()), (WITHOUT, node.trainer_env_without_shim()))
     for rep in range(reps):
         for subject, env in order if rep % 2 == 0 else order[::-1]:
-            run = training_rate(work, env, steps, free_port())
-            samples[subject].append(run.steps_per_second)
-            aborts[subject] += run.aborted_at_exit
-    counted = ", ".join(f"{subject} {aborts[subject]} of {reps}" for subject in samples)
+            rates.add(subject, training_rate(work, env, steps, free_port()))
     return Case(
         benchmark=NAME,
         case=f"2 ranks gloo, {steps} steps, tiny GPT-2",
         metric="steps per second",
         unit="steps/s",
         lower_is_better=False,
-        series=[Series(s, samples[s], {"steps": steps, "warmup": WARMUP_STEPS}) for s in samples],
+        series=[
+            Series(s, rates.samples[s], {"steps": steps, "warmup": WARMUP_STEPS})
+            for s in rates.subjects
+        ],
         reference=WITH,
         note="overheads: with shim = PYTHONPATH at the shim and JITCKPT_DIR set, a real "
-        "agent on LocalS3 behind it; torchruns that aborted at exit after their last step "
-        f"(SIGABRT, torch's gloo teardown): {counted}",
+        f"agent on LocalS3 behind it; {rates.abort_note()}",
     )
 
 

@@ -13,15 +13,15 @@ agreement collective in a world of one): what the hooks alone cost a step.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench import harness, timeline
+from bench import harness
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import REPO_ROOT, tool
+from bench.procs import tool
+from bench.rates import Rates, TrainingRun, torchrun_rate
 from bench.results import Case, Series
 
 NAME = "plainloop_overhead"
@@ -32,9 +32,9 @@ WARMUP_STEPS = 10
 TINY_MODEL = ["--hidden", "8", "--batch-size", "4"]
 
 
-def training_rate(work: Path, env: dict[str, str], shape: list[str]) -> float:
+def training_rate(work: Path, env: dict[str, str], shape: list[str], steps: int) -> TrainingRun:
     path = work / f"timeline-{time.monotonic_ns()}.jsonl"
-    subprocess.run(
+    return torchrun_rate(
         [
             tool("torchrun"),
             "--standalone",
@@ -42,17 +42,16 @@ def training_rate(work: Path, env: dict[str, str], shape: list[str]) -> float:
             "--timeline",
             str(path),
         ],
-        env={**env, "OMP_NUM_THREADS": "1"},
-        cwd=REPO_ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        {**env, "OMP_NUM_THREADS": "1"},
+        path,
+        last_step=steps,
+        skip=WARMUP_STEPS,
     )
-    return timeline.steps_per_second(timeline.read(path), skip=WARMUP_STEPS)
 
 
-def shapes(quick: bool) -> list[tuple[str, list[str]]]:
-    """(case, torchrun arguments): the 20 steps/s DDP loop, and one rank of tiny steps."""
+def shapes(quick: bool) -> list[tuple[str, list[str], int]]:
+    """(case, torchrun arguments, steps): the 20 steps/s DDP loop, and one rank of tiny
+    steps."""
     steps = 100 if quick else 200
     tiny = 1000 if quick else 3000
     workload = ["-m", "bench.loop_workload"]
@@ -60,10 +59,12 @@ def shapes(quick: bool) -> list[tuple[str, list[str]]]:
         (
             f"plain DDP loop, 2 ranks gloo, {steps} steps",
             ["--nproc-per-node", "2", *workload, "--steps", str(steps)],
+            steps,
         ),
         (
             f"hooks alone: 1 rank, tiny model, {tiny} steps",
             ["--nproc-per-node", "1", *workload, "--steps", str(tiny), *TINY_MODEL],
+            tiny,
         ),
     ]
 
@@ -78,11 +79,11 @@ def run(options: BenchOptions) -> list[Case]:
         work = Path(tmp)
         with JitckptNode(work / "node", f"s3://{BUCKET}/bench/loop", s3.credentials_env()) as node:
             order = ((WITH, node.trainer_env()), (WITHOUT, node.trainer_env_without_shim()))
-            for label, shape in shapes(options.quick):
-                samples: dict[str, list[float]] = {WITH: [], WITHOUT: []}
+            for label, shape, steps in shapes(options.quick):
+                rates = Rates((WITH, WITHOUT))
                 for rep in range(reps):
                     for subject, env in order if rep % 2 == 0 else order[::-1]:
-                        samples[subject].append(training_rate(work, env, shape))
+                        rates.add(subject, training_rate(work, env, shape, steps))
                 cases.append(
                     Case(
                         benchmark=NAME,
@@ -90,11 +91,14 @@ def run(options: BenchOptions) -> list[Case]:
                         metric="steps per second",
                         unit="steps/s",
                         lower_is_better=False,
-                        series=[Series(s, samples[s], {"warmup": WARMUP_STEPS}) for s in samples],
+                        series=[
+                            Series(s, rates.samples[s], {"warmup": WARMUP_STEPS})
+                            for s in rates.subjects
+                        ],
                         reference=WITH,
                         note="plainloop_overhead: with shim = PYTHONPATH at the shim and "
                         "JITCKPT_DIR set, a real agent on LocalS3 behind it; the DDP loop runs "
-                        "at about 20 steps/s without it",
+                        f"at about 20 steps/s without it; {rates.abort_note()}",
                     )
                 )
     return cases
