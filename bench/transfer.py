@@ -3,11 +3,12 @@
 Two payloads: one large file of random bytes, and a real HF checkpoint
 directory (bench/checkpoint_files.py). A fourth subject runs the sidecar's
 storage layer with s5cmd-sized parts and more in flight (JITCKPT_PART_SIZE,
-JITCKPT_UPLOAD_CONCURRENCY), to show what its defaults cost. Each client uploads to its own prefix
-of the same LocalS3 bucket, then downloads what it uploaded into an empty
-directory. Clients rotate their order every repetition, and there are as many
-repetitions as clients: each client takes each place once (see run()). The part size and
-concurrency each client used are recorded with its samples.
+JITCKPT_UPLOAD_CONCURRENCY), to show what its defaults cost. Each client
+uploads to its own prefix of the same LocalS3 bucket, then downloads what it
+uploaded into an empty directory. The order of the clients rotates every
+repetition, and there are as many repetitions as clients, so each client
+takes each place once (why: run()). The part size and concurrency each
+client used are recorded with its samples.
 
 CPU: for the Python clients the process CPU time of the transfer itself
 (bench/transfer_worker.py); for s5cmd the whole process (a Go binary starts in
