@@ -118,9 +118,10 @@ class JobRun:
     def exit_codes(self, container: str | None = None) -> list[int | None]:
         return [result.exit_code(container or self.trainer) for result in self.results]
 
-    def trainer_logs(self) -> list[str]:
-        """Each pod's trainer log (none for a pod that failed before its trainer started)."""
-        statuses = [result.containers.get(self.trainer) for result in self.results]
+    def logs(self, container: str | None = None) -> list[str]:
+        """Each pod's log of ``container``, the trainer by default (none for a pod that
+        failed before that container started)."""
+        statuses = [result.status(container or self.trainer) for result in self.results]
         return [str(status.log_path) for status in statuses if status is not None]
 
     def messages(self, container: str = AGENT) -> list[str]:

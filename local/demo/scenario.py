@@ -45,6 +45,7 @@ from webhook.config import WebhookConfig
 from webhook.injection import job_root
 from webhook.jobs import PYTORCHJOB
 from webhook.mutate import NamespaceInfo
+from webhook.status import AGENT
 
 BUNDLED_SCRIPT = Path(__file__).with_name("train_tiny.py")
 NAMESPACE = "jitckpt-demo"
@@ -418,7 +419,11 @@ def story(s: Scenario) -> dict[str, Any]:
         "destination": s.job_root,
         "final_model": model,
         "termination_messages": [d.get("message") for d in judged.docs],
-        "trainer_logs": {"preempted": first.trainer_logs(), "resumed": second.trainer_logs()},
+        "trainer_logs": {"preempted": first.logs(), "resumed": second.logs()},
+        "sidecar_logs": {
+            "preempted": first.logs(AGENT),
+            "resumed": second.logs(AGENT),
+        },
         "failed_checks": failed,
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -56,12 +56,17 @@ class PodResult:
     started_at: float
     finished_at: float
 
+    def status(self, container: str) -> ContainerStatus | None:
+        """``container``'s status, whether it ran as a main or an init container (a native
+        sidecar is one); None if it never started."""
+        return self.containers.get(container) or self.init_containers.get(container)
+
     def exit_code(self, container: str) -> int | None:
-        status = self.containers.get(container) or self.init_containers.get(container)
+        status = self.status(container)
         return status.exit_code if status else None
 
     def message(self, container: str) -> str:
-        status = self.containers.get(container) or self.init_containers.get(container)
+        status = self.status(container)
         return status.message if status else ""
 
 

@@ -98,7 +98,7 @@ def preempted_then_resumed(s: Scenario, saved: Callable[[JobRun], Model], steps:
     assert judged.jit_step is not None, "no JIT checkpoint committed"
     assert stored_model(s) is None, "a preempted run must leave no final/"
     second = resume(s, None)
-    assert second.exit_codes() == [0], second.trainer_logs()
+    assert second.exit_codes() == [0], second.logs()
     written = saved(second)
     assert stored_model(s) == written  # exactly what the script's final save wrote
     summary = final_model(s)  # what the demo reports

@@ -61,7 +61,7 @@ def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Referenc
     weights = workdir / "weights.pt"
     with open_scenario(options, sys.stderr) as scenario:
         run = reference_run(scenario, weights)
-    assert run.exit_codes() == [0, 0], run.trainer_logs()
+    assert run.exit_codes() == [0, 0], run.logs()
     yield Reference(weights, workdir / "work" / "reference" / "node-0" / DDP_MODEL)
 
 
