@@ -30,10 +30,11 @@ class JitckptNode:
     """The agent of one node, started and ready; use as a context manager."""
 
     work: Path
-    destination: str  # the job root, s3://bucket/<namespace>/<job>
+    destination: str  # the job root: s3://bucket/<namespace>/<job>, or pvc://claim/<path>
     s3_env: dict[str, str]
     nnodes: int = 1
     node_rank: int = 0
+    pvc_mount: Path | None = None  # where a pvc:// destination's claim is "mounted"
     agent: Background | None = field(default=None, init=False)
 
     @property
@@ -71,6 +72,8 @@ class JitckptNode:
                 layout.ENV_SOCKET: str(self.socket_path),
             }
         )
+        if self.pvc_mount is not None:
+            env[layout.ENV_PVC_MOUNT] = str(self.pvc_mount)
         return env
 
     def trainer_env(
@@ -106,6 +109,8 @@ class JitckptNode:
 
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.pvc_mount is not None:
+            self.pvc_mount.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.agent = Background(
             [

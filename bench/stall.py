@@ -5,13 +5,17 @@ three subjects: jitckpt as it ships (real shim + real agent uploading each
 checkpoint to LocalS3 on the same cores while training goes on; the save is
 written behind the loop), jitckpt with `JITCKPT_ASYNC_SAVE=false` (HF's own
 synchronous save, uploads running), and plain transformers (its own
-synchronous save, nothing uploaded). A callback timestamps each step's begin
-and end; the stall of a save at step k is the gap between the end of step k
-and the begin of step k+1, less the median gap between other steps, plus how
-much longer than the median step step k+1 took: where a background save's
-remaining cost lands (its optimizer step waiting for the writer's copy, the
-writer competing for the cores; bench/timeline.py). Each save in each run is
-a sample.
+synchronous save, nothing uploaded). At 2 GB a fourth series is a
+diagnostic, not a peer: jitckpt as it ships with a ``pvc://`` destination
+(the agent copies each checkpoint into a directory), so that the S3 server's
+share of these 2 cores can be told from the save path's own cost.
+
+A callback timestamps each step's begin and end; the stall of a save at
+step k is the gap between the end of step k and the begin of step k+1, less
+the median gap between other steps, plus how much longer than the median
+step step k+1 took: where a background save's remaining cost lands (its
+optimizer step waiting for the writer's copy, the writer competing for the
+cores; bench/timeline.py). Each save in each run is a sample.
 
 The Lightning path (bench/lightning_workload.py, an MLP with AdamW) is
 measured the same way at 500 MB (50 MB with --quick), under the same three
@@ -52,6 +56,9 @@ JITCKPT = "jitckpt"
 JITCKPT_SYNC = "jitckpt, synchronous save"
 PLAIN = "plain transformers save"
 SUBJECTS = (JITCKPT, JITCKPT_SYNC, PLAIN)
+# A diagnostic at 2 GB: jitckpt with no S3 server on the training's cores.
+JITCKPT_PVC = "jitckpt, pvc:// destination (diagnostic)"
+PVC_CLAIM = "bench-claim"
 LIGHTNING_JITCKPT = JITCKPT  # the reference of its case, as in the HF cases
 LIGHTNING_PLAIN = "plain Lightning save"
 LIGHTNING_SUBJECTS = (LIGHTNING_JITCKPT, JITCKPT_SYNC, LIGHTNING_PLAIN)
@@ -86,9 +93,13 @@ def stalls(
         argv = workload_argv(
             shape, work / "output", timeline_path, max_steps=max_steps, save_steps=save_every
         )
-        if subject in (JITCKPT, JITCKPT_SYNC):
-            with JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env) as node:
-                _train(argv, node.trainer_env(async_save=subject == JITCKPT), work, timeout)
+        if subject in (JITCKPT, JITCKPT_SYNC, JITCKPT_PVC):
+            node = JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env)
+            if subject == JITCKPT_PVC:
+                node.destination = f"pvc://{PVC_CLAIM}/bench/stall"
+                node.pvc_mount = work / "pvc"
+            with node:
+                _train(argv, node.trainer_env(async_save=subject != JITCKPT_SYNC), work, timeout)
         else:
             _train(argv, dict(os.environ), work, timeout)
         events = timeline.read(timeline_path)
@@ -142,12 +153,19 @@ def run(options: BenchOptions) -> list[Case]:
     from local.s3server import LocalS3
 
     # three saves per run: 9 samples at 500 MB, 3 at 2 GB (6 at 50 MB with --quick)
+    sizes: list[tuple[str, int, int, tuple[str, ...]]]
     if options.quick:
-        sizes = [("50 MB", 50 * MB, options.repetitions(2, 2))]
+        sizes = [("50 MB", 50 * MB, options.repetitions(2, 2), SUBJECTS)]
     else:
-        sizes = [("500 MB", 500 * MB, options.repetitions(3, 2)), ("2 GB", 2000 * MB, 1)]
+        sizes = [
+            ("500 MB", 500 * MB, options.repetitions(3, 2), SUBJECTS),
+            ("2 GB", 2000 * MB, 1, (*SUBJECTS, JITCKPT_PVC)),
+        ]
     with LocalS3() as s3:
-        cases = [hf_case(label, state_bytes, reps, s3) for label, state_bytes, reps in sizes]
+        cases = [
+            hf_case(label, state_bytes, reps, s3, subjects=subjects)
+            for label, state_bytes, reps, subjects in sizes
+        ]
         cases.append(_lightning_case(options, s3))
     return cases
 
@@ -194,7 +212,13 @@ def _case(case: str, samples: dict[str, list[float]], save_every: int, note: str
 
 
 def hf_case(
-    label: str, state_bytes: int, reps: int, s3: LocalS3, save_every: int = SAVE_EVERY
+    label: str,
+    state_bytes: int,
+    reps: int,
+    s3: LocalS3,
+    save_every: int = SAVE_EVERY,
+    *,
+    subjects: tuple[str, ...] = SUBJECTS,
 ) -> Case:
     """The HF Trainer at one size: every subject ``reps`` times, alternating their order.
 
@@ -205,7 +229,7 @@ def hf_case(
     shape = ModelShape.for_state(label, state_bytes)
     samples = _samples(
         label,
-        SUBJECTS,
+        subjects,
         reps,
         s3,
         lambda subject, s3_env: stalls(subject, shape, s3_env, 900, save_every),
@@ -218,7 +242,14 @@ def hf_case(
         "gap between its step's end and the next step's begin less the median gap, "
         "plus how much longer than the median step the next step took; "
         "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
-        "while training goes on, plain transformers only saves",
+        "while training goes on, plain transformers only saves"
+        + (
+            f"; '{JITCKPT_PVC}': jitckpt with the agent copying each checkpoint to a "
+            "pvc:// directory instead, no S3 server on these cores (not a peer: what the "
+            "S3 server's CPU costs the save)"
+            if JITCKPT_PVC in subjects
+            else ""
+        ),
     )
 
 
