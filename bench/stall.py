@@ -59,6 +59,11 @@ SUBJECTS = (JITCKPT, JITCKPT_SYNC, PLAIN)
 # A diagnostic at 2 GB: jitckpt with no S3 server on the training's cores.
 JITCKPT_PVC = "jitckpt, pvc:// destination (diagnostic)"
 PVC_CLAIM = "bench-claim"
+PVC_NOTE = (
+    f"; '{JITCKPT_PVC}': jitckpt with the agent copying each checkpoint to a pvc:// "
+    "directory instead, no S3 server on these cores (not a peer: what the S3 server's CPU "
+    "costs the save)"
+)
 LIGHTNING_JITCKPT = JITCKPT  # the reference of its case, as in the HF cases
 LIGHTNING_PLAIN = "plain Lightning save"
 LIGHTNING_SUBJECTS = (LIGHTNING_JITCKPT, JITCKPT_SYNC, LIGHTNING_PLAIN)
@@ -78,6 +83,15 @@ def _train(argv: list[str], env: dict[str, str], work: Path, timeout: float) -> 
         raise RuntimeError(f"trainer exited {code}: {log}")
 
 
+def _node(subject: str, work: Path, s3_env: dict[str, str]) -> JitckptNode:
+    """A jitckpt subject's agent: uploading to LocalS3, or copying to a pvc:// directory
+    for the diagnostic series."""
+    if subject == JITCKPT_PVC:
+        claim = f"pvc://{PVC_CLAIM}/bench/stall"
+        return JitckptNode(work / "node", claim, s3_env, pvc_mount=work / "pvc")
+    return JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env)
+
+
 def stalls(
     subject: str,
     shape: ModelShape,
@@ -94,11 +108,7 @@ def stalls(
             shape, work / "output", timeline_path, max_steps=max_steps, save_steps=save_every
         )
         if subject in (JITCKPT, JITCKPT_SYNC, JITCKPT_PVC):
-            node = JitckptNode(work / "node", f"s3://{BUCKET}/bench/stall", s3_env)
-            if subject == JITCKPT_PVC:
-                node.destination = f"pvc://{PVC_CLAIM}/bench/stall"
-                node.pvc_mount = work / "pvc"
-            with node:
+            with _node(subject, work, s3_env) as node:
                 _train(argv, node.trainer_env(async_save=subject != JITCKPT_SYNC), work, timeout)
         else:
             _train(argv, dict(os.environ), work, timeout)
@@ -243,13 +253,7 @@ def hf_case(
         "plus how much longer than the median step the next step took; "
         "the jitckpt subjects upload every checkpoint to LocalS3 on the same cores "
         "while training goes on, plain transformers only saves"
-        + (
-            f"; '{JITCKPT_PVC}': jitckpt with the agent copying each checkpoint to a "
-            "pvc:// directory instead, no S3 server on these cores (not a peer: what the "
-            "S3 server's CPU costs the save)"
-            if JITCKPT_PVC in subjects
-            else ""
-        ),
+        + (PVC_NOTE if JITCKPT_PVC in subjects else ""),
     )
 
 
