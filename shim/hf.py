@@ -87,6 +87,7 @@ class TrainerSession:
         self.callback_type: type = type(None)  # the JitCallback class attached to this Trainer
         self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
         self._saves_decided = False
+        self.run.while_held = lambda: self.stage_written(block=False)
 
     # -- where checkpoints go -------------------------------------------------
     def redirect(self, run_dir: str) -> str:

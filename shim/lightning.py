@@ -184,6 +184,7 @@ class FitSession:
         self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
         self._saves_decided = False
         self.run = TrainingRun(config, FRAMEWORK, CHECKPOINT_FILE)
+        self.run.while_held = lambda: self.stage_written(block=False)
         self.position = Position()
         self.periodic = Periodic(config)
         self.resume_wanted = False

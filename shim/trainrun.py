@@ -116,6 +116,9 @@ class TrainingRun:
         self._held = False
         self._stream: Optional[streaming.Stream] = None  # the JIT checkpoint being streamed
         self.left = False  # some rank could no longer follow the loop: no more agreement
+        # Collective, run by every rank at each look while the demo holds: a periodic checkpoint
+        # being written behind the loop is staged once written, as the next step end would.
+        self.while_held: Optional[Callable[[], None]] = None
 
     # -- start ----------------------------------------------------------------
     def start(
@@ -222,6 +225,11 @@ class TrainingRun:
             if agreed == _HOLD_GIVE_UP:
                 say("no SIGTERM came while holding at step %d: training on" % step)
                 return False
+            if self.while_held is not None:
+                try:
+                    self.while_held()
+                except Exception as exc:
+                    failed("staging a checkpoint while holding", exc)
             time.sleep(HOLD_POLL_SECONDS)
 
     # -- after the framework saved ----------------------------------------------

@@ -50,9 +50,15 @@ async def commit_node(
     job: str = "",
     gate: PartGate | None = None,
     arrivals: Arrivals | None = None,
+    committing: Callable[[], None] | None = None,
 ) -> CommitResult:
     """Upload ``files`` under ``checkpoint-<step>/`` and commit (``arrivals``: the files
-    arrive while this runs, ``files`` is ignored)."""
+    arrive while this runs, ``files`` is ignored).
+
+    ``committing`` is called once every file is in the store, just before the manifest is
+    written: from there on the caller must not cancel the commit. A manifest PUT cut short
+    may still land, and then no one could say whether the checkpoint was committed.
+    """
     started = time.monotonic()
 
     def key_of(relative: str) -> str:
@@ -71,6 +77,8 @@ async def commit_node(
         job=job,
         files=entries,
     )
+    if committing is not None:
+        committing()
     await store.put_bytes(mf.manifest_key(step, node_rank), mf.encode(manifest))
     return CommitResult(manifest=manifest, seconds=time.monotonic() - started, retries=retries)
 

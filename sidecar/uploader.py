@@ -236,6 +236,9 @@ class Uploader:
                 self._failed(job, exc)
                 requeue = True  # the store may come back; the job's files are held open
             if requeue:
+                why = self._behind_commit(job)  # its manifest failed after a newer commit
+                requeue = why is None
+            if requeue:
                 backoff = asyncio.sleep(min(RETRY_CAP, 2.0 ** self._failures[job.id]))
                 why = await self._unless_superseded(job, backoff)
                 requeue = why is None
@@ -270,6 +273,18 @@ class Uploader:
         finally:
             self._uploads.pop(job.id, None)
             self._superseded.pop(job.id, None)
+        return None
+
+    def _past_cancelling(self, job: StagedJob) -> None:
+        """``job``'s manifest is being written: a commit meanwhile no longer cancels it."""
+        self._uploads.pop(job.id, None)
+
+    def _behind_commit(self, job: StagedJob) -> str | None:
+        """Why ``job`` is no longer worth a retry (None: it is): a newer checkpoint was
+        committed while it could no longer be cancelled, its manifest being written."""
+        newest = self._newest_committed
+        if newest is not None and backlog.superseded_by_commit(newest, [job]):
+            return backlog.reason(newest, committed=True)
         return None
 
     def _failed(self, job: StagedJob, exc: BaseException) -> int:
@@ -322,6 +337,7 @@ class Uploader:
                 job=cfg.job_name,
                 gate=gate,
                 arrivals=job.arrivals,
+                committing=lambda: self._past_cancelling(job),
             )
         self._uploads.pop(job.id, None)  # committed: no longer cancelled as superseded
         self._failures.pop(job.id, None)

@@ -39,11 +39,17 @@ GRACE = 10  # the smallest grace period the webhook accepts
 SLOW_UPLOAD_S = 8.0  # how long the store holds one file of the periodic checkpoint
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, pods: Path | None = None
+) -> None:
+    """Poll ``condition``; on a timeout the error carries the tail of every container log
+    under ``pods`` (the scenario's work directory), which is all there is to go on in CI."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            logs = sorted(pods.glob("node/pods/*/containers/*/log")) if pods else []
+            tails = "".join(f"\n== {p}\n{p.read_text()[-3000:]}" for p in logs)
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tails}")
         time.sleep(0.05)
 
 
@@ -87,7 +93,9 @@ def test_grace_too_short_falls_back_and_says_by_how_much(
         # sidecar measures that. Then it stops answering uploads at all.
         proxy.stall(SLOW_UPLOAD_S, times=1, method="PUT", path=r"checkpoint-5/model\.safetensors")
         first, watcher = start_first(s)
-        wait_for(lambda: PERIODIC in watcher.valid_at, 120, f"checkpoint-{PERIODIC} committed")
+        wait_for(
+            lambda: PERIODIC in watcher.valid_at, 120, f"checkpoint-{PERIODIC} committed", tmp_path
+        )
         proxy.stall(300, times=100_000, method="PUT")
         preempt(s, first)
         judged = finish_first(s, first, watcher)
@@ -120,7 +128,9 @@ def test_sigkill_mid_upload_leaves_a_torn_checkpoint_never_loaded(
     options = scenario_options(tmp_path, s3_bucket)
     with open_scenario(options, sys.stderr) as s:
         first, watcher = start_first(s)
-        wait_for(lambda: PERIODIC in watcher.valid_at, 120, f"checkpoint-{PERIODIC} committed")
+        wait_for(
+            lambda: PERIODIC in watcher.valid_at, 120, f"checkpoint-{PERIODIC} committed", tmp_path
+        )
         # From now on optimizer.pt uploads hang: the other files land, no manifest does.
         proxy.stall(300, times=100_000, method="PUT", path=r"optimizer\.pt")
         preempt(s, first)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from shim import asyncsave
+from shim.layout import ENV_DEMO_HOLD_AT_STEP
 from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_trainer import assert_same_weights
 from tests.shim.test_with_agent import uploaded
@@ -148,6 +149,28 @@ def test_jit_stop_during_a_background_save_commits_a_correct_jit_checkpoint(
     assert resumed.wait() == 0, resumed.output()
     assert f"resuming from {shim_env.checkpoints}/checkpoint-{jit_step}" in resumed.output()
     assert_same_weights(tmp_path / "resumed.pt", tmp_path / "reference.pt")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_while_the_loop_holds_is_staged_before_the_stop(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    """HF saves checkpoint-4 after step 4's end and step 5's end holds: no step end comes to
+    stage it, so the hold does, once its writer is done, while no SIGTERM has come."""
+    out = tmp_path / "out"
+    common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
+    run = spawn([PYTHON, *common], {**shim_env.env, ENV_DEMO_HOLD_AT_STEP: "5"})
+    run.wait_for("holding at step 5 until", timeout=120)
+    run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=30)
+    agent.wait_for(lambda: agent.committed_step() == 4, 60, "checkpoint-4 committed")
+    output = run.output()
+    assert output.index("holding at step 5") < output.index("checkpoint-4 handed")
+    assert "stopping at step" not in output  # still holding: no SIGTERM yet
+    run.signal(signal.SIGTERM)
+    assert run.wait() == 143, run.output()
+    assert "jit checkpoint-5 handed to the sidecar" in run.output()
+    agent.wait_for(lambda: agent.committed_step() == 5, 60, "the JIT commit")
+    assert set(uploaded(local_s3, agent.destination)) == {4, 5}  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

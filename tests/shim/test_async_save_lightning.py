@@ -23,7 +23,7 @@ import torch
 from shim import asyncsave
 from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_async_save import Disk
-from tests.shim.test_lightning import SCRIPT, _two_nodes, assert_bitwise_equal
+from tests.shim.test_lightning import HOLD, SCRIPT, _two_nodes, assert_bitwise_equal
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
 
@@ -141,6 +141,28 @@ def test_jit_stop_during_a_background_lightning_save_commits_a_correct_jit_check
     assert resumed.wait(timeout=300) == 0, resumed.output()
     assert f"resuming from {shim_env.checkpoints}/checkpoint-{jit_step}" in resumed.output()
     assert_bitwise_equal(tmp_path / "resumed" / "final.ckpt", tmp_path / "reference" / "final.ckpt")
+
+
+def test_a_lightning_checkpoint_written_while_the_loop_holds_is_staged_before_the_stop(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    """checkpoint-4 is saved after step 4's agreement and step 5's holds: the hold stages it."""
+    command = [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "out"), "--no-validate", *SMALL]
+    run = spawn(
+        [*command, "--max-steps", "12"],
+        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", HOLD: "5"},
+    )
+    run.wait_for("holding at step 5 until", timeout=120)
+    run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=30)
+    agent.wait_for(lambda: agent.committed_step() == 4, 60, "checkpoint-4 committed")
+    output = run.output()
+    assert "written behind the training loop" in output
+    assert output.index("holding at step 5") < output.index("checkpoint-4 handed")
+    assert "stopping at step" not in output  # still holding: no SIGTERM yet
+    run.signal(signal.SIGTERM)
+    assert run.wait(timeout=300) == 143, run.output()
+    agent.wait_for(lambda: agent.committed_step() == 5, 60, "the JIT commit")
+    assert set(uploaded(local_s3, agent.destination)) == {4, 5}  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -209,3 +209,73 @@ def test_a_stuck_jit_upload_holds_periodic_ones_back_only_so_long(
         asyncio.run(main())
         assert committed == [8]
         proxy.clear()
+
+
+@pytest.mark.parametrize("manifest", ["lands", "fails"])
+def test_a_commit_while_an_older_manifest_is_written_never_says_dropped_of_a_commit(
+    tmp_path: Path,
+    local_s3: LocalS3,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    manifest: str,
+) -> None:
+    """A JIT checkpoint is committed while the manifest of an older periodic one is on its
+    way: that manifest may land whatever the sidecar does, so the older upload is no longer
+    cancelled. It ends committed (and is said so), or, when the manifest fails, dropped and
+    never retried; a checkpoint said dropped is never in the store."""
+    with FaultProxy(local_s3.endpoint) as proxy:
+        for name, value in local_s3.credentials_env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_S3_ENDPOINT", proxy.endpoint)
+        config = AgentConfig(
+            destination=f"s3://{bucket}/ns/job", local_dir=tmp_path / "local", s3_max_attempts=1
+        )
+        area = _area(config)
+
+        def job(step: int, kind: str) -> StagedJob:
+            directory, files = stage(config.staging_dir, f"c{step}", {"w": 4096})
+            return area.accept(shimtalk.staged(step, kind, directory, files), time.time())
+
+        older_manifest = r"checkpoint-8/\.jitckpt/"
+        if manifest == "lands":
+            proxy.delay(1.0, method="PUT", path=older_manifest)  # answered, a second late
+        else:
+            proxy.stall(1.0, times=1000, method="PUT", path=older_manifest)  # never answered
+        periodic, jit = job(8, "periodic"), job(9, "jit")
+        committed: list[int] = []
+        dropped: list[tuple[int, str]] = []
+
+        async def main() -> dict[int, bool]:
+            async with open_store(config) as store:
+
+                async def on_commit(done: StagedJob, result: CommitResult) -> None:
+                    committed.append(done.step)
+
+                async def on_superseded(old: StagedJob, why: str) -> None:
+                    dropped.append((old.step, why))
+                    area.release(old)
+
+                uploader = Uploader(
+                    store, config, Metrics(), on_commit, on_superseded=on_superseded
+                )
+                await uploader.submit(periodic)
+                task = asyncio.create_task(uploader.run())
+                while not any(re.search(older_manifest, r.target) for r in proxy.requests):
+                    await asyncio.sleep(0.005)
+                await uploader.submit(jit)
+                await asyncio.wait_for(uploader.wait_idle(), 60)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return {s.step: s.valid async for s in scan(store)}
+
+        states = asyncio.run(main())
+        data = [r for r in proxy.requests if r.method == "PUT" and "checkpoint-8/w" in r.target]
+    assert len(data) == 1  # never uploaded again once the newer one was committed
+    if manifest == "lands":
+        assert committed == [9, 8] and dropped == []
+        assert states == {8: True, 9: True}
+    else:
+        assert committed == [9]
+        assert dropped == [(8, "superseded by the committed checkpoint-9")]
+        assert states.get(8) is not True and states[9] is True
