@@ -9,11 +9,22 @@ of its grace period. Recent torch reads ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` in
 timeout of ``PContext.close`` is replaced instead. Which path applies is
 decided by looking at the installed torch, not by its version number.
 In every launcher the exit status of a stop by SIGTERM becomes 143 (``stopexit``).
+
+torchrun turns SIGTERM into an exception that starts stopping the workers. In a
+pod it usually gets two: the preStop hook signals every process the shim runs in
+(torchrun among them), then the kubelet signals PID 1, torchrun again. The second
+exception lands inside that shutdown: it starts it over, prints a "Logging
+error" traceback when it interrupts a log line, and when it interrupts
+``Popen.wait`` between taking and guarding its lock, torchrun sees its worker
+alive for good and waits out its whole timeout (then the grace period) for a
+process long gone. So a SIGTERM after the first is ignored: the workers have
+theirs already.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 from .config import ShimConfig
 from .hooks import when_imported
@@ -25,7 +36,7 @@ from .log import say_once
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Optional
+    from typing import Any, List, Optional
 
 # Imported by ``torchrun`` and ``python -m torch.distributed.run`` before the
 # launch configuration is built, and by nothing but launchers.
@@ -58,6 +69,31 @@ def _patch_pcontext_close(module: ModuleType, grace_timeout: int) -> None:
     pcontext.close = patched
 
 
+def _sigterm_once(module: ModuleType) -> None:
+    """Make torchrun's signal handler raise for the first SIGTERM only (other signals as ever).
+
+    ``PContext.start`` installs the module's ``_terminate_process_handler`` by name, so the
+    replacement is what it installs.
+    """
+    handler = getattr(module, "_terminate_process_handler", None)
+    if getattr(handler, "_jitckpt", False):
+        return  # wrapped already
+    if not callable(handler):
+        say_once("launcher-sigterm", "torch has no signal handler to wrap: SIGTERM as torch has it")
+        return
+    seen: List[int] = []
+
+    def once(signum: int, frame: Any) -> Any:
+        if signum == signal.SIGTERM:
+            if seen:
+                return None  # its workers are being stopped already
+            seen.append(signum)
+        return handler(signum, frame)
+
+    once._jitckpt = True  # type: ignore[attr-defined]
+    module._terminate_process_handler = once  # type: ignore[attr-defined]
+
+
 def install(config: ShimConfig) -> None:
     """Register the launcher fixes; they run only if this process turns out to be a launcher."""
     timeout = config.shutdown_timeout()
@@ -67,6 +103,7 @@ def install(config: ShimConfig) -> None:
 
         watcher.stop()  # the workers stage their own checkpoints
         stopexit.install()
+        when_imported(PCONTEXT_MODULE, _sigterm_once)
         if timeout is None:
             return  # no grace period: torch's default timeout stays
         if os.environ.get(ENV_TORCH_SHUTDOWN):

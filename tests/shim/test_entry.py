@@ -154,6 +154,39 @@ def test_prestop_reaches_python_under_a_shell(shim_env: ShimEnv, spawn: Spawn) -
     assert result["pids"] == [f"{result['pid']}.pid"]
 
 
+# A worker that takes a second to stop, as one saving a JIT checkpoint does.
+SLOW_TO_STOP = """
+import os, signal, time
+def stop(signum, frame):
+    time.sleep(1.0)
+    os._exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("worker up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_torchrun_stops_its_worker_once_under_prestop_then_kubelet_sigterm(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """The pod's stop as a kubelet does it: the preStop hook signals every registered process
+    (torchrun and its worker), then SIGTERM reaches PID 1, torchrun, while it is stopping its
+    worker. torchrun stops it once, without a logging traceback, and exits 143."""
+    script = tmp_path / "worker.py"
+    script.write_text(SLOW_TO_STOP)
+    torchrun = Path(PYTHON).with_name("torchrun")
+    run = spawn([str(torchrun), "--nproc-per-node=1", str(script)], shim_env.env)
+    run.wait_for("worker up", timeout=120)
+    assert len(list(shim_env.pids.iterdir())) == 2  # torchrun and its worker
+    subprocess.run(injected_prestop(shim_env.run), check=True, timeout=10)
+    time.sleep(0.3)  # the kubelet's SIGTERM comes once the hook is done
+    run.signal(signal.SIGTERM)
+    assert run.wait(timeout=60) == 143, run.output()
+    output = run.output()
+    assert output.count("closing signal SIGTERM") == 1, output
+    assert "Logging error" not in output and "Unable to shutdown" not in output, output
+
+
 def test_prestop_with_no_registered_process_succeeds(shim_env: ShimEnv) -> None:
     command = injected_prestop(shim_env.run)
     assert subprocess.run(command, check=False, timeout=10).returncode == 0
