@@ -86,6 +86,7 @@ class Scenario:
     node: Node
     destination: Destination
     runs: list[JobRun] = field(default_factory=list)
+    watchers: list[CommitWatcher] = field(default_factory=list)
 
     @property
     def bundled(self) -> bool:
@@ -145,11 +146,13 @@ class Scenario:
         return run
 
     def kill_leftovers(self) -> None:
-        """After a failure half-way: no pod of this scenario outlives it."""
+        """After a failure half-way: no pod or store watcher of this scenario outlives it."""
         for run in self.runs:
             for pod in run.pods:
                 if not pod.done:
                     pod.kill()
+        for watcher in self.watchers:
+            watcher.stop()
 
 
 def _termination_doc(message: str) -> dict[str, Any]:
@@ -244,6 +247,7 @@ def start_first(s: Scenario) -> tuple[JobRun, CommitWatcher]:
     hold = {ENV_DEMO_HOLD_AT_STEP: str(o.preempt_at_step)}
     first = s.run(s.job("run-1", o.job_name, hold))
     watcher = CommitWatcher(lambda: s.destination.open_store(s.job_root, s.node), 0.1).start()
+    s.watchers.append(watcher)
     first.start()
     mutation = first.mutations[0]
     say(f"webhook: {mutation.message}")
