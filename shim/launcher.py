@@ -36,7 +36,7 @@ from .log import say_once
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, List, Optional
+    from typing import Any, Optional
 
 # Imported by ``torchrun`` and ``python -m torch.distributed.run`` before the
 # launch configuration is built, and by nothing but launchers.
@@ -81,13 +81,14 @@ def _sigterm_once(module: ModuleType) -> None:
     if not callable(handler):
         say_once("launcher-sigterm", "torch has no signal handler to wrap: SIGTERM as torch has it")
         return
-    seen: List[int] = []
+    raised = False
 
     def once(signum: int, frame: Any) -> Any:
+        nonlocal raised
         if signum == signal.SIGTERM:
-            if seen:
+            if raised:
                 return None  # its workers are being stopped already
-            seen.append(signum)
+            raised = True
         return handler(signum, frame)
 
     once._jitckpt = True  # type: ignore[attr-defined]

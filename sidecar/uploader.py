@@ -339,7 +339,6 @@ class Uploader:
                 arrivals=job.arrivals,
                 committing=lambda: self._past_cancelling(job),
             )
-        self._uploads.pop(job.id, None)  # committed: no longer cancelled as superseded
         self._failures.pop(job.id, None)
         self._metrics.upload_bytes.inc(result.size)
         self._metrics.upload_seconds.labels(job.kind).observe(result.seconds)

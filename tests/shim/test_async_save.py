@@ -23,7 +23,7 @@ import torch
 
 from shim import asyncsave
 from shim.layout import ENV_DEMO_HOLD_AT_STEP
-from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, Proc, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_trainer import assert_same_weights
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
@@ -160,14 +160,21 @@ def test_a_checkpoint_written_while_the_loop_holds_is_staged_before_the_stop(
     out = tmp_path / "out"
     common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
     run = spawn([PYTHON, *common], {**shim_env.env, ENV_DEMO_HOLD_AT_STEP: "5"})
+    assert_staged_while_held_at_5(run, agent, local_s3)
+
+
+def assert_staged_while_held_at_5(run: Proc, agent: AgentProcess, local_s3: object) -> None:
+    """``run`` saved checkpoint-4 behind the loop and holds at step 5: the checkpoint is
+    handed over and committed during the hold, before any SIGTERM; the JIT-5 one follows."""
     run.wait_for("holding at step 5 until", timeout=120)
     run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=30)
     agent.wait_for(lambda: agent.committed_step() == 4, 60, "checkpoint-4 committed")
     output = run.output()
+    assert "written behind the training loop" in output
     assert output.index("holding at step 5") < output.index("checkpoint-4 handed")
     assert "stopping at step" not in output  # still holding: no SIGTERM yet
     run.signal(signal.SIGTERM)
-    assert run.wait() == 143, run.output()
+    assert run.wait(timeout=300) == 143, run.output()
     assert "jit checkpoint-5 handed to the sidecar" in run.output()
     agent.wait_for(lambda: agent.committed_step() == 5, 60, "the JIT commit")
     assert set(uploaded(local_s3, agent.destination)) == {4, 5}  # type: ignore[arg-type]

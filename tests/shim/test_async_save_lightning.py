@@ -22,7 +22,7 @@ import torch
 
 from shim import asyncsave
 from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
-from tests.shim.test_async_save import Disk
+from tests.shim.test_async_save import Disk, assert_staged_while_held_at_5
 from tests.shim.test_lightning import HOLD, SCRIPT, _two_nodes, assert_bitwise_equal
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
@@ -152,17 +152,7 @@ def test_a_lightning_checkpoint_written_while_the_loop_holds_is_staged_before_th
         [*command, "--max-steps", "12"],
         {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", HOLD: "5"},
     )
-    run.wait_for("holding at step 5 until", timeout=120)
-    run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=30)
-    agent.wait_for(lambda: agent.committed_step() == 4, 60, "checkpoint-4 committed")
-    output = run.output()
-    assert "written behind the training loop" in output
-    assert output.index("holding at step 5") < output.index("checkpoint-4 handed")
-    assert "stopping at step" not in output  # still holding: no SIGTERM yet
-    run.signal(signal.SIGTERM)
-    assert run.wait(timeout=300) == 143, run.output()
-    agent.wait_for(lambda: agent.committed_step() == 5, 60, "the JIT commit")
-    assert set(uploaded(local_s3, agent.destination)) == {4, 5}  # type: ignore[arg-type]
+    assert_staged_while_held_at_5(run, agent, local_s3)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from shim import layout
-from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, jit_lines
+from tests.shim.support import PYTHON, REPO, TORCHRUN, ShimEnv, Spawn, jit_lines
 from tests.support.tools import unavailable
 from webhook.config import WebhookConfig
 from webhook.mutate import NamespaceInfo, mutate
@@ -174,8 +174,7 @@ def test_torchrun_stops_its_worker_once_under_prestop_then_kubelet_sigterm(
     worker. torchrun stops it once, without a logging traceback, and exits 143."""
     script = tmp_path / "worker.py"
     script.write_text(SLOW_TO_STOP)
-    torchrun = Path(PYTHON).with_name("torchrun")
-    run = spawn([str(torchrun), "--nproc-per-node=1", str(script)], shim_env.env)
+    run = spawn([TORCHRUN, "--nproc-per-node=1", str(script)], shim_env.env)
     run.wait_for("worker up", timeout=120)
     assert len(list(shim_env.pids.iterdir())) == 2  # torchrun and its worker
     subprocess.run(injected_prestop(shim_env.run), check=True, timeout=10)
