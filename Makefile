@@ -3,10 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The security scanner `make test` runs on deploy/ and on injected pods
+# (tests/webhook/test_scanner.py), pinned. Its own venv: checkov pins boto3 and
+# others to versions the project's constraints.txt does not allow.
+CHECKOV_VERSION := 3.3.30
+SCANNER_VENV := .venv-checkov
+SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
 
 .PHONY: setup test lint typecheck unit golden demo bench images clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(SCANNER)
 
 # Re-install only when the dependency definitions change (idempotent).
 # torch==2.13.0 is named first so pip takes the CPU build (no multi-GB CUDA download).
@@ -16,6 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+$(SCANNER): Makefile
+	test -x $(SCANNER_VENV)/bin/python || $(PYTHON) -m venv $(SCANNER_VENV)
+	$(SCANNER_VENV)/bin/python -m pip install -q 'checkov==$(CHECKOV_VERSION)'
+	touch $(SCANNER)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -50,10 +61,16 @@ bench: setup
 # VERSION the project's by default. docker, or podman where docker is absent
 # (CONTAINER_ENGINE=... to choose). Both are built before either is pushed, the
 # sidecar pushed first: a webhook must never name a sidecar image that is not there.
-# README.md, "Images", says how to point the install at them.
+# Then it records the digests the registry gave them: deploy/base (PIN_DIR) pins both
+# images by digest (kustomization.yaml's images: entry, configmap.yaml's sidecar_image).
+# README.md, "Images", says more.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
 IMAGE_PREFIX = $(patsubst %/,%,$(REGISTRY))/jitckpt
+PIN_DIR ?= deploy/base
+# The digest the registry gave image $(1) on push (RepoDigests), e.g. sha256:ab12...
+digest_of = d=$$($(CONTAINER_ENGINE) image inspect --format '{{index .RepoDigests 0}}' $(1)) \
+	&& d=$${d\#*@} && case "$$d" in sha256:*) ;; *) echo "make images: no digest for $(1)" >&2; exit 1 ;; esac
 
 images:
 	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY, where to push (e.g. make images REGISTRY=registry.example.com/ml)" >&2; exit 2; }
@@ -63,9 +80,12 @@ images:
 	$(CONTAINER_ENGINE) build -f Dockerfile.sidecar -t $(IMAGE_PREFIX)-sidecar:$(VERSION) .
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-sidecar:$(VERSION)
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-webhook:$(VERSION)
-	@echo "pushed; point the install at them (README.md, Images):"
-	@echo "  deploy/base/kustomization.yaml images: jitckpt-webhook -> $(IMAGE_PREFIX)-webhook:$(VERSION)"
-	@echo "  deploy/base/configmap.yaml sidecar_image: $(IMAGE_PREFIX)-sidecar:$(VERSION)"
+	@$(call digest_of,$(IMAGE_PREFIX)-sidecar:$(VERSION)); \
+	sed -i "s|^\(    sidecar_image: \).*|\1$(IMAGE_PREFIX)-sidecar:$(VERSION)@$$d|" $(PIN_DIR)/configmap.yaml
+	@$(call digest_of,$(IMAGE_PREFIX)-webhook:$(VERSION)); \
+	sed -i -e "s|^\(    newName: \).*|\1$(IMAGE_PREFIX)-webhook|" -e "s|^\(    newTag: \).*|\1$(VERSION)|" \
+		-e "s|^\(    digest: \).*|\1$$d|" $(PIN_DIR)/kustomization.yaml
+	@echo "pushed, and pinned by digest in $(PIN_DIR) (kustomization.yaml, configmap.yaml)"
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(SCANNER_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -19,6 +19,9 @@ SHIM_ROOT = "/opt/jitckpt"  # jitckpt-shim: the sidecar copies the shim here
 SHIM_DIR = SHIM_ROOT + "/shim"  # what PYTHONPATH points at
 SOCKET_PATH = RUN_DIR + "/agent.sock"
 PVC_MOUNT = "/mnt/jitckpt-pvc"  # jitckpt-pvc: the claim of a pvc:// destination (sidecar only)
+# jitckpt-s3-secret: the s3-secret's keys as read-only files (sidecar only), which the
+# kubelet swaps atomically when the Secret is rotated.
+S3_SECRET_DIR = "/var/run/secrets/jitckpt/s3"
 
 # Inside LOCAL_DIR.
 CHECKPOINTS_SUBDIR = "checkpoints"  # HF writes checkpoint-<step>/ here; restore lands here
@@ -75,6 +78,7 @@ ENV_VERIFY_ACCESS = "JITCKPT_VERIFY_ACCESS"
 ENV_RESUME = "JITCKPT_RESUME"
 ENV_MODE = "JITCKPT_MODE"  # "native" or "legacy"
 ENV_PVC_MOUNT = "JITCKPT_PVC_MOUNT"  # where the claim of pvc:// is mounted
+ENV_S3_SECRET_DIR = "JITCKPT_S3_SECRET_DIR"  # where the s3-secret's files are mounted
 
 STATUS_PORT = 8471
 

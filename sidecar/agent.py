@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 import uuid
@@ -21,7 +22,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shim import layout, protocol
-from sidecar import backlog, events, final, retention, shimcopy, staging, termination
+from sidecar import (
+    backlog,
+    credentials,
+    events,
+    final,
+    retention,
+    shimcopy,
+    staging,
+    termination,
+)
 from sidecar import manifest as mf
 from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
@@ -137,13 +147,27 @@ class Agent:
         )
         await status.start()
         try:
-            async with open_store(cfg) as store:
+            try:
+                access = self._store_access()
+            except credentials.CredentialsError as exc:
+                return self._fail(EXIT_NO_ACCESS, str(exc))
+            async with open_store(cfg, access=access) as store:
                 self._store = store
                 return await self._lifecycle(store)
         finally:
             for task in list(self._background):
                 task.cancel()
             await status.close()
+
+    def _store_access(self) -> credentials.StoreAccess | None:
+        """The one source of the store's credentials, said in the log and ``/status``."""
+        cfg = self.config
+        if parse_job_root(cfg.destination, cfg.pvc_mount).scheme != "s3":
+            return None
+        access = credentials.resolve(cfg.s3_secret_dir, os.environ, cfg.sts_duration_seconds)
+        self.state.identity = access.identity.as_dict()
+        log.info("store credentials: %s, from %s", access.identity.kind, access.identity.source)
+        return access
 
     def _on_signal(self) -> None:
         if not self.grace.started:

@@ -1,9 +1,10 @@
 """The sidecar's settings, read once from its environment.
 
 The webhook writes these variables into the sidecar container (names in
-``shim/layout.py``); the S3 Secret arrives through ``envFrom`` with the keys of
-an OpenShift AI data connection. The tuning knobs below the layout names are
-sidecar-only: the webhook never sets them, tests and operators may.
+``shim/layout.py``); the S3 Secret arrives as read-only files with the keys of
+an OpenShift AI data connection (``sidecar/credentials.py`` reads them). The
+tuning knobs below the layout names are sidecar-only: the webhook never sets
+them, tests and operators may.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
 ENV_SOCKET_IDLE_SECONDS = "JITCKPT_SOCKET_IDLE_SECONDS"
 # A JIT checkpoint streamed in parts is dropped when nothing more came for it this long.
 ENV_STREAM_IDLE_SECONDS = "JITCKPT_STREAM_IDLE_SECONDS"
+# Seconds the temporary keys of a web identity (IRSA) are asked for (STS's default: unset).
+ENV_STS_DURATION_SECONDS = "JITCKPT_STS_DURATION_SECONDS"
 
 S3_MIN_PART = 5 * 1024 * 1024  # S3's smallest non-final multipart part
 # With the default part size, a file up to this size goes in one request, as s5cmd sends
@@ -120,6 +123,8 @@ class AgentConfig(BaseModel):
     trainer_start_timeout: float = Field(default=1800.0, gt=0)
     socket_idle_seconds: float = Field(default=120.0, gt=0)
     stream_idle_seconds: float = Field(default=300.0, gt=0)
+    s3_secret_dir: Path | None = None
+    sts_duration_seconds: int | None = Field(default=None, ge=10, le=43200)
 
     @property
     def single_put_max(self) -> int:
@@ -197,6 +202,8 @@ class AgentConfig(BaseModel):
             "trainer_start_timeout": ENV_TRAINER_START_TIMEOUT,
             "socket_idle_seconds": ENV_SOCKET_IDLE_SECONDS,
             "stream_idle_seconds": ENV_STREAM_IDLE_SECONDS,
+            "s3_secret_dir": layout.ENV_S3_SECRET_DIR,
+            "sts_duration_seconds": ENV_STS_DURATION_SECONDS,
         }
         booleans = {"verify_ssl", "verify_access", "resume"}
         values: dict[str, object] = {

@@ -54,6 +54,7 @@ class AgentState:
     progress: dict[str, object] | None = None
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     last_error: str | None = None
+    identity: dict[str, str] | None = None  # where the store's credentials come from
     # Staged checkpoints dropped unuploaded because a newer one superseded them (newest last).
     superseded: deque[dict[str, object]] = field(
         default_factory=lambda: deque(maxlen=MAX_SUPERSEDED)
@@ -78,6 +79,7 @@ class AgentState:
             "pod": cfg.pod_name,
             "node_rank": cfg.node_rank,
             "nnodes": cfg.nnodes,
+            "identity": self.identity,
             "restored": self.restored,
             "restore_skipped": self.restore_skipped,
             "last_committed": asdict(self.last_committed) if self.last_committed else None,

@@ -14,17 +14,28 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 REGISTRY = "registry.example.com/ml"
 # What the Makefile's recipe needs from PATH besides the engine.
 TOOLS = ("sed",)
+PIN_FILES = ("kustomization.yaml", "configmap.yaml")
 
+# `image inspect` answers as a registry would after a push: name@digest, the digest
+# derived from the image's name so each image gets its own.
 ENGINE = """#!/bin/sh
 echo "${0##*/} $* (in $(pwd))" >> "$RECORD"
 case "$1 $3" in "build $FAIL_ON") exit 1 ;; esac
+if [ "$1 $2" = "image inspect" ]; then
+    case "$5" in *sidecar*) d=$SIDECAR_DIGEST ;; *) d=$WEBHOOK_DIGEST ;; esac
+    echo "${5%:*}@$d"
+fi
 exit 0
 """
+SIDECAR_DIGEST = "sha256:" + "5" * 64
+WEBHOOK_DIGEST = "sha256:" + "7" * 64
 
 
 @dataclass
@@ -47,16 +58,22 @@ def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: s
         (bin_dir / engine).chmod(0o755)
     record = tmp_path / "calls"
     record.touch()
+    pins = tmp_path / "base"
+    pins.mkdir()
+    for name in PIN_FILES:
+        shutil.copy(ROOT / "deploy" / "base" / name, pins / name)
     env = {
         "PATH": str(bin_dir),
         "RECORD": str(record),
         "FAIL_ON": fail_on,
         "HOME": str(tmp_path),
+        "SIDECAR_DIGEST": SIDECAR_DIGEST,
+        "WEBHOOK_DIGEST": WEBHOOK_DIGEST,
     }
     make = shutil.which("make")
     assert make, "make is needed"
     done = subprocess.run(
-        [make, "--no-print-directory", "-C", str(ROOT), "images", *args],
+        [make, "--no-print-directory", "-C", str(ROOT), "images", f"PIN_DIR={pins}", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -69,11 +86,14 @@ def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: s
 def expected(engine: str, version: str = PROJECT_VERSION) -> list[str]:
     webhook, sidecar = (f"{REGISTRY}/jitckpt-{part}:{version}" for part in ("webhook", "sidecar"))
     where = f"(in {ROOT})"
+    inspect = f"{engine} image inspect --format {{{{index .RepoDigests 0}}}}"
     return [
         f"{engine} build -f Dockerfile.webhook -t {webhook} . {where}",
         f"{engine} build -f Dockerfile.sidecar -t {sidecar} . {where}",
         f"{engine} push {sidecar} {where}",
         f"{engine} push {webhook} {where}",
+        f"{inspect} {sidecar} {where}",
+        f"{inspect} {webhook} {where}",
     ]
 
 
@@ -81,6 +101,32 @@ def test_builds_both_then_pushes_the_sidecar_first(tmp_path: Path) -> None:
     run = make_images(tmp_path, ("docker",), f"REGISTRY={REGISTRY}/")
     assert run.returncode == 0, run.stderr
     assert run.calls == expected("docker")
+
+
+def test_the_pushed_digests_are_pinned_in_the_install(tmp_path: Path) -> None:
+    """What was pushed is what the install names: both images by the digest the
+    registry gave them (a tag can be moved; a digest cannot)."""
+    run = make_images(tmp_path, ("docker",), f"REGISTRY={REGISTRY}", "VERSION=1.2.3")
+    assert run.returncode == 0, run.stderr
+    base = tmp_path / "base"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    assert kustomization["images"] == [
+        {
+            "name": "jitckpt-webhook",
+            "newName": f"{REGISTRY}/jitckpt-webhook",
+            "newTag": "1.2.3",
+            "digest": WEBHOOK_DIGEST,
+        }
+    ]
+    configmap = yaml.safe_load((base / "configmap.yaml").read_text())
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    assert config["sidecar_image"] == f"{REGISTRY}/jitckpt-sidecar:1.2.3@{SIDECAR_DIGEST}"
+    # Everything else in the two files is as it was.
+    for name in PIN_FILES:
+        before = (ROOT / "deploy" / "base" / name).read_text().splitlines()
+        after = (base / name).read_text().splitlines()
+        assert len(before) == len(after)
+        assert sum(a != b for a, b in zip(before, after, strict=True)) <= 3
 
 
 def test_podman_where_there_is_no_docker_and_docker_where_both_are(tmp_path: Path) -> None:
@@ -95,6 +141,9 @@ def test_a_failed_build_pushes_nothing(tmp_path: Path) -> None:
     run = make_images(tmp_path, ("docker",), f"REGISTRY={REGISTRY}", fail_on="Dockerfile.sidecar")
     assert run.returncode != 0
     assert [call.split()[1] for call in run.calls] == ["build", "build"]
+    assert (tmp_path / "base" / "configmap.yaml").read_text() == (
+        ROOT / "deploy" / "base" / "configmap.yaml"
+    ).read_text()
 
 
 def test_without_a_registry_it_says_so_and_runs_nothing(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from webhook import settings
+from webhook import images, settings
 
 VERSION = version("jitckpt")
 # Pinned: the webhook and the sidecar it injects are released together.
@@ -92,9 +92,10 @@ class WebhookConfig(BaseModel):
 
     @field_validator("sidecar_image")
     @classmethod
-    def _pinned(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value):
-            raise ValueError("sidecar_image must be an image reference without spaces")
+    def _reference(cls, value: str) -> str:
+        """A tag or, as the shipped config does, a digest (``name@sha256:...``, immutable)."""
+        if images.parse(value) is None:
+            raise ValueError(f"sidecar_image {images.REFERENCE_RULE}")
         return value
 
 

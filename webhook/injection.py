@@ -19,6 +19,7 @@ from typing import Any
 
 from jitckpt import destination as grammar
 from shim import layout
+from webhook import identity, images
 from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
 from webhook.jobs import TrainerPod
@@ -29,6 +30,7 @@ from webhook.status import (
     VOL_LOCAL,
     VOL_PVC,
     VOL_RUN,
+    VOL_SECRET,
     VOL_SHIM,
     InjectionStatus,
     strip,
@@ -43,6 +45,10 @@ CONFIG_FIELDS = {
     "sidecar-user-id": "sidecar_user_id",
 }
 PYTHONPATH = "PYTHONPATH"
+# The Secret's files are root-owned, their group the pod's fsGroup if it has one: only
+# a mode readable by others lets the sidecar's user read them whatever the fsGroup. The
+# volume is mounted into the sidecar alone, so no other container sees the files.
+SECRET_FILE_MODE = 0o444
 # The startupProbe gates the trainer until the restore is done; a large
 # checkpoint may take hours to download, so allow 12 hours.
 PROBE_PERIOD = 2
@@ -86,7 +92,9 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
 
-def _volumes(values: Mapping[str, str], pvc_claim: str | None) -> list[dict[str, Any]]:
+def _volumes(
+    values: Mapping[str, str], pvc_claim: str | None, secret: str | None
+) -> list[dict[str, Any]]:
     local: dict[str, Any] = {}
     if "local-size-limit" in values:
         local["sizeLimit"] = values["local-size-limit"]
@@ -97,6 +105,9 @@ def _volumes(values: Mapping[str, str], pvc_claim: str | None) -> list[dict[str,
     ]
     if pvc_claim is not None:
         volumes.append({"name": VOL_PVC, "persistentVolumeClaim": {"claimName": pvc_claim}})
+    if secret is not None:
+        source = {"secretName": secret, "defaultMode": SECRET_FILE_MODE}
+        volumes.append({"name": VOL_SECRET, "secret": source})
     return volumes
 
 
@@ -135,6 +146,8 @@ class _Plan:
     grace: int
     secret: str | None
     pvc: bool
+    pull_policy: str
+    identity: identity.WorkloadIdentity | None
 
     def env(self) -> list[dict[str, Any]]:
         values, trainer = self.values, self.trainer
@@ -160,6 +173,10 @@ class _Plan:
         ]
         if self.pvc:
             env.append(_env(layout.ENV_PVC_MOUNT, layout.PVC_MOUNT))
+        if self.secret is not None:
+            env.append(_env(layout.ENV_S3_SECRET_DIR, layout.S3_SECRET_DIR))
+        elif self.identity is not None:
+            env += copy.deepcopy(self.identity.env)
         return env
 
     def container(self, name: str, command: list[str]) -> dict[str, Any]:
@@ -167,16 +184,18 @@ class _Plan:
         mounts = _shared_mounts(shim_read_only=False)
         if self.pvc:
             mounts.append({"name": VOL_PVC, "mountPath": layout.PVC_MOUNT})
+        if self.secret is not None:
+            mounts.append({"name": VOL_SECRET, "mountPath": layout.S3_SECRET_DIR, "readOnly": True})
+        elif self.identity is not None:
+            mounts += copy.deepcopy(self.identity.mounts)
         quantities = {"cpu": self.values["sidecar-cpu"], "memory": self.values["sidecar-memory"]}
         container: dict[str, Any] = {
             "name": name,
             "image": self.config.sidecar_image,
-            "imagePullPolicy": self.config.sidecar_image_pull_policy,
+            "imagePullPolicy": self.pull_policy,
             "command": command,
             "env": self.env(),
         }
-        if self.secret is not None:
-            container["envFrom"] = [{"secretRef": {"name": self.secret}}]
         container.update(
             {
                 # requests == limits keeps a Guaranteed trainer pod Guaranteed
@@ -194,14 +213,25 @@ def _status_port() -> list[dict[str, Any]]:
     return [{"name": STATUS_PORT_NAME, "containerPort": layout.STATUS_PORT, "protocol": "TCP"}]
 
 
-def _startup_probe() -> dict[str, Any]:
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": "/readyz", "port": layout.STATUS_PORT, "scheme": "HTTP"},
-        "periodSeconds": PROBE_PERIOD,
+        "httpGet": {"path": path, "port": layout.STATUS_PORT, "scheme": "HTTP"},
+        "periodSeconds": period,
         "timeoutSeconds": 1,
         "successThreshold": 1,
-        "failureThreshold": PROBE_FAILURES,
+        "failureThreshold": failures,
     }
+
+
+def _startup_probe() -> dict[str, Any]:
+    return _probe("/readyz", PROBE_PERIOD, PROBE_FAILURES)
+
+
+def _legacy_probes() -> dict[str, Any]:
+    """The legacy run container is a regular container, which a pod that probes its own
+    containers (as scanners ask) should not be the exception to. Liveness is lenient: a
+    restart would cut an upload short."""
+    return {"livenessProbe": _probe("/healthz", 10, 6), "readinessProbe": _probe("/readyz", 5, 3)}
 
 
 def _trainer_env(
@@ -309,7 +339,7 @@ def build(
         spec["terminationGracePeriodSeconds"] = grace
         status.gracePeriod = {"from": before if isinstance(before, int) else None, "to": grace}
 
-    volumes = _volumes(values, pvc_claim)
+    volumes = _volumes(values, pvc_claim, secret)
     _list(spec, "volumes").extend(volumes)
     status.volumes = [v["name"] for v in volumes]
 
@@ -325,7 +355,14 @@ def build(
     if _prestop(trainer_container, warnings):
         status.preStop = [trainer_container["name"]]
 
-    plan = _Plan(values, config, trainer, root, grace, secret, pvc_claim is not None)
+    # The pod's own workload identity, when the store's credentials are not a Secret.
+    found = None
+    if secret is None and pvc_claim is None:
+        found = identity.find(pod["spec"]["containers"][trainer.container_index])
+        warnings += found.warnings if found is not None else []
+    every = [*(spec.get("initContainers") or []), *containers]
+    pull = images.strictest(config.sidecar_image_pull_policy, every)
+    plan = _Plan(values, config, trainer, root, grace, secret, pvc_claim is not None, pull, found)
     init = _list(spec, "initContainers")
     if mode == "native":
         agent = plan.container(AGENT, ["jitckpt", "agent"])
@@ -339,6 +376,7 @@ def build(
         restore = plan.container(RESTORE, ["jitckpt", "agent", "--phase", "restore"])
         run = plan.container(AGENT, ["jitckpt", "agent", "--phase", "run"])
         run["ports"] = _status_port()
+        run.update(_legacy_probes())
         init.insert(0, restore)
         containers.append(run)
         status.initContainers = [RESTORE]

@@ -23,8 +23,9 @@ VOL_LOCAL = "jitckpt-local"
 VOL_RUN = "jitckpt-run"
 VOL_SHIM = "jitckpt-shim"
 VOL_PVC = "jitckpt-pvc"
+VOL_SECRET = "jitckpt-s3-secret"
 OUR_CONTAINERS = (AGENT, RESTORE)
-OUR_VOLUMES = (VOL_LOCAL, VOL_RUN, VOL_SHIM, VOL_PVC)
+OUR_VOLUMES = (VOL_LOCAL, VOL_RUN, VOL_SHIM, VOL_PVC, VOL_SECRET)
 
 
 class InjectionStatus(BaseModel):

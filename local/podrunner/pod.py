@@ -162,6 +162,11 @@ class Pod:
             container.signal(SIGKILL)
         self._wake.set()
 
+    def update_secret(self, secret: str, data: Mapping[str, str]) -> int:
+        """What the kubelet does when Secret ``secret`` changes: rotate the pod's volumes
+        of it in place (its env, read once at start, never changes); how many there were."""
+        return self._volumes.update_secret(secret, data) if self._volumes is not None else 0
+
     def container(self, name: str) -> Container:
         return self._containers[name]
 

@@ -5,7 +5,10 @@ under ``/dev/shm``, a tmpfs, so they are memory-backed as in a cluster without
 needing a mount of their own); a ``persistentVolumeClaim`` is a directory per
 claim name shared by every pod the same node runs, which is what a
 ReadWriteMany claim is to the pods of one job. Projected, downward-API,
-Secret and ConfigMap volumes are written as files from the local object maps.
+Secret and ConfigMap volumes are written as files from the local object maps;
+a Secret volume the way the kubelet writes it (each version in a directory of
+its own, ``..data`` linked to the current one, each key a link through it), so
+``update_secret`` can rotate it as the kubelet does: one atomic swap of the link.
 A projected service-account token and the cluster's ``kube-root-ca.crt`` have
 no API server to come from and are left out, so in-cluster clients in the pod
 see no credentials, as with ``automountServiceAccountToken: false``.
@@ -13,9 +16,11 @@ see no credentials, as with ``automountServiceAccountToken: false``.
 
 from __future__ import annotations
 
+import itertools
+import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +46,41 @@ def _write_items(
     directory: Path, data: Mapping[str, str], items: list[dict[str, Any]] | None
 ) -> None:
     """Keys of a Secret/ConfigMap as files (all keys, or only ``items`` at their paths)."""
-    chosen = [(i["key"], i.get("path", i["key"])) for i in items] if items else data.items()
+    if items:
+        chosen = [(i["key"], i.get("path", i["key"])) for i in items]
+    else:
+        chosen = [(key, key) for key in data]
     for key, rel in chosen:
         if key not in data:
             raise SpecError(f"key {key!r} is missing for a volume item")
         target = directory / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(data[key])
+
+
+_versions = itertools.count()
+DATA_LINK = "..data"
+
+
+def _write_versioned(
+    directory: Path, data: Mapping[str, str], items: list[dict[str, Any]] | None
+) -> None:
+    """The kubelet's AtomicWriter: write the new version beside the old, swap ``..data``
+    to it with one rename, link any new key through it, then drop the old version."""
+    version = f"..version_{os.getpid()}_{next(_versions)}"
+    _write_items(directory / version, data, items)
+    link = directory / DATA_LINK
+    old = os.readlink(link) if link.is_symlink() else None
+    staged = directory / "..data_tmp"
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(version)
+    staged.replace(link)
+    for entry in (directory / version).iterdir():
+        visible = directory / entry.name
+        if not visible.is_symlink():
+            visible.symlink_to(f"{DATA_LINK}/{entry.name}")
+    if old is not None:
+        shutil.rmtree(directory / old, ignore_errors=True)
 
 
 def _object(store: Mapping[str, Mapping[str, str]], name: str, optional: bool) -> Mapping[str, str]:
@@ -88,6 +121,8 @@ class PodVolumes:
     claims_dir: Path
     shm_dir: Path
     paths: dict[str, Path]
+    # Secret volumes: volume name -> (Secret name, items), for update_secret.
+    secrets: dict[str, tuple[str, list[dict[str, Any]] | None]] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -119,14 +154,18 @@ class PodVolumes:
             path = local
             path.mkdir(parents=True, exist_ok=True)
             _projected(path, volume["projected"], pod, objects)
-        elif "secret" in volume or "configMap" in volume:
-            kind = "secret" if "secret" in volume else "configMap"
-            ref = volume[kind]
-            store = objects.secrets if kind == "secret" else objects.config_maps
-            ref_name = ref.get("secretName") or ref.get("name")
+        elif "secret" in volume:
+            ref = volume["secret"]
             path = local
             path.mkdir(parents=True, exist_ok=True)
-            data = _object(store, str(ref_name), ref.get("optional", False))
+            data = _object(objects.secrets, str(ref.get("secretName")), ref.get("optional", False))
+            _write_versioned(path, data, ref.get("items"))
+            self.secrets[name] = (str(ref.get("secretName")), ref.get("items"))
+        elif "configMap" in volume:
+            ref = volume["configMap"]
+            path = local
+            path.mkdir(parents=True, exist_ok=True)
+            data = _object(objects.config_maps, str(ref.get("name")), ref.get("optional", False))
             _write_items(path, data, ref.get("items"))
         elif "downwardAPI" in volume:
             path = local
@@ -136,6 +175,15 @@ class PodVolumes:
             raise SpecError(f"volume {name!r}: unsupported kind {kinds}")
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def update_secret(self, secret: str, data: Mapping[str, str]) -> int:
+        """Rotate every volume of Secret ``secret`` to ``data``; how many there were."""
+        rotated = 0
+        for volume, (name, items) in self.secrets.items():
+            if name == secret:
+                _write_versioned(self.paths[volume], data, items)
+                rotated += 1
+        return rotated
 
     def mounts_for(self, container: Mapping[str, Any], termination_log: Path) -> list[BindMount]:
         """The container's volumeMounts plus its termination message file, as bind mounts."""

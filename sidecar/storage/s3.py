@@ -3,8 +3,8 @@
 Works with AWS S3, MinIO, Ceph RGW and other S3-compatible stores: the
 endpoint comes from ``AWS_S3_ENDPOINT`` (the OpenShift AI data-connection key)
 or ``AWS_ENDPOINT_URL``; a custom endpoint gets path-style addressing, which
-those stores expect. Credentials come from botocore's default chain (the
-Secret's ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, or IRSA).
+those stores expect. Credentials come from the session given (the sidecar's:
+``sidecar/credentials.py``), else botocore's default chain (``jitckpt ls``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import google_crc32c
 from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
+from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import ClientError
 
 from sidecar import checksum
@@ -122,6 +122,7 @@ class S3Store(Store):
         single_put_max: int | None = None,
         verify_ssl: bool = True,
         env: Mapping[str, str] | None = None,
+        session: AioSession | None = None,
     ) -> None:
         heap.keep_transfer_buffers()  # process-wide, once
         self._bucket = bucket
@@ -146,7 +147,7 @@ class S3Store(Store):
             response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if endpoint else None,
         )
-        self._client_cm = get_session().create_client(
+        self._client_cm = (session or get_session()).create_client(
             "s3",
             endpoint_url=endpoint,
             region_name=source.get(ENV_REGION) or None,

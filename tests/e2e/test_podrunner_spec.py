@@ -1,12 +1,15 @@
 """The runner resolves the webhook's real output as a kubelet would.
 
 The pods here are the shared fixtures passed through ``mutate()``: the env
-the sidecar and the trainer get (fieldRefs, the Secret via envFrom, literals
-copied from the trainer) and the bind mounts at the spec's exact paths.
+the sidecar and the trainer get (fieldRefs, literals copied from the trainer),
+the Secret as files laid out as the kubelet lays them (rotated the same way),
+and the bind mounts at the spec's exact paths.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,11 @@ from local.podrunner.spec import (
     container_env,
     expand,
 )
-from local.podrunner.volumes import PodVolumes
+from local.podrunner.volumes import SHM_ROOT, PodVolumes
 from shim import layout
 from webhook.config import WebhookConfig
 from webhook.mutate import NamespaceInfo, mutate
+from webhook.status import VOL_SECRET
 
 FIXTURES = Path(__file__).parents[1] / "webhook" / "testdata" / "fixtures"
 SECRET = {
@@ -64,7 +68,7 @@ def context(pod: dict[str, Any], ip: str = "127.0.0.9") -> PodContext:
     return PodContext(metadata=metadata, spec=pod["spec"], pod_ip=ip)
 
 
-def test_trainjob_sidecar_env_resolves_rank_from_the_completion_index() -> None:
+def test_trainjob_sidecar_env_resolves_rank_from_the_completion_index(tmp_path: Path) -> None:
     pod = injected("trainjob-node.yaml", "namespace-team-b.yaml")
     objects = ObjectStore(secrets={"team-b-s3": SECRET})
     env = container_env(by_name(pod, "jitckpt-agent"), context(pod), objects)
@@ -74,8 +78,22 @@ def test_trainjob_sidecar_env_resolves_rank_from_the_completion_index() -> None:
     assert env[layout.ENV_POD_NAME] == "llama-sft-node-0-1-abcde"
     assert env[layout.ENV_POD_NAMESPACE] == "team-b"
     assert env[layout.ENV_DESTINATION] == "s3://ml-checkpoints/team-b/team-b/llama-sft"
-    assert {k: env[k] for k in SECRET} == SECRET  # envFrom the Secret
+    assert not set(SECRET) & set(env)  # the Secret is files, never env
+    assert env[layout.ENV_S3_SECRET_DIR] == layout.S3_SECRET_DIR
     assert container_argv(by_name(pod, "jitckpt-agent"), env) == ["jitckpt", "agent"]
+    uid = f"t1-{tmp_path.name}"
+    volumes = PodVolumes.create(context(pod), tmp_path / "pod", tmp_path / "claims", objects, uid)
+    try:
+        files = volumes.paths[VOL_SECRET]
+        assert {k: (files / k).read_text() for k in SECRET} == SECRET
+        first = os.readlink(files / "..data")
+        assert all(os.readlink(files / k) == f"..data/{k}" for k in SECRET)
+        # Rotated as the kubelet does it: a new version, then one swap of ..data.
+        assert volumes.update_secret("team-b-s3", {**SECRET, "AWS_SECRET_ACCESS_KEY": "new"}) == 1
+        assert os.readlink(files / "..data") != first and not (files / first).exists()
+        assert (files / "AWS_SECRET_ACCESS_KEY").read_text() == "new"
+    finally:
+        volumes.remove()
 
     trainer = container_env(by_name(pod, "node"), context(pod), objects)
     assert trainer["PET_NODE_RANK"] == "1"
@@ -84,13 +102,19 @@ def test_trainjob_sidecar_env_resolves_rank_from_the_completion_index() -> None:
     assert not set(SECRET) & set(trainer)  # credentials reach only the sidecar
 
 
-def test_pytorchjob_sidecar_gets_literal_rank_and_a_missing_secret_is_an_error() -> None:
+def test_pytorchjob_sidecar_gets_literal_rank_and_a_missing_secret_is_an_error(
+    tmp_path: Path,
+) -> None:
     pod = injected("pytorchjob-worker.yaml", "namespace-team-a.yaml")
     agent = by_name(pod, "jitckpt-agent")
     env = container_env(agent, context(pod), ObjectStore(secrets={"team-a-s3": SECRET}))
     assert (env[layout.ENV_NODE_RANK], env[layout.ENV_NNODES]) == ("2", "3")
-    with pytest.raises(SpecError, match="team-a-s3"):
-        container_env(agent, context(pod), ObjectStore())
+    uid = f"t2-{tmp_path.name}"
+    try:
+        with pytest.raises(SpecError, match="team-a-s3"):
+            PodVolumes.create(context(pod), tmp_path / "pod", tmp_path, ObjectStore(), uid)
+    finally:  # the emptyDirs made before the Secret volume failed
+        shutil.rmtree(SHM_ROOT / f"podrunner-{uid}", ignore_errors=True)
 
 
 def test_legacy_mode_runs_restore_then_a_regular_agent() -> None:

@@ -66,7 +66,7 @@ def test_clean_live_pod_has_no_drift() -> None:
     [
         (lambda p: p["spec"]["initContainers"][0].update(image="evil/agent:1"), "changed"),
         (lambda p: p["spec"]["containers"][0]["env"].pop(), "containers/pytorch changed"),
-        (lambda p: p["spec"]["volumes"].pop(), "volumes/jitckpt-shim removed"),
+        (lambda p: p["spec"]["volumes"].pop(), "volumes/jitckpt-s3-secret removed"),
         (lambda p: p["spec"].update(terminationGracePeriodSeconds=31), "terminationGrace"),
     ],
 )

@@ -9,7 +9,7 @@ from kubernetes_validate import utils as kv
 
 from tests.webhook.golden import Case, discover
 from webhook.mutate import mutate
-from webhook.status import AGENT, RESTORE, read_status
+from webhook.status import AGENT, RESTORE, VOL_SECRET, read_status
 
 INJECTED = [c for c in discover() if c.expected_result()["injected"]]
 VERSIONS = ["1.29", kv.latest_version()]
@@ -155,7 +155,10 @@ def test_no_trainer_container_gets_the_s3_secret(case: Case) -> None:
     for container in spec.get("initContainers", []) + spec["containers"]:
         exposure = secret_exposure(pod, container, secret) if secret else []
         if container["name"] in names:
-            assert exposure == (["envFrom"] if secret else [])
+            # As read-only files only, never as env (which a rotation never reaches).
+            assert exposure == ([f"volume {VOL_SECRET}"] if secret else [])
+            mounts = [m for m in container["volumeMounts"] if m["name"] == VOL_SECRET]
+            assert all(m.get("readOnly") is True for m in mounts)
         else:
             assert exposure == [], container["name"]
             assert not container.get("envFrom"), container["name"]

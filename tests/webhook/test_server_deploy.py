@@ -245,13 +245,19 @@ def test_images_are_set_in_one_place_and_released_together(
     rendered: Rendered, tmp_path: Path
 ) -> None:
     """The Deployment's image comes from the base's ``images:``; both images carry the
-    project's version (the webhook injects the sidecar of its own release)."""
+    project's version (the webhook injects the sidecar of its own release), and both are
+    pinned by digest (what ``make images`` pushed; a tag can be moved)."""
     base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
     (entry,) = [i for i in base["images"] if i["name"] == "jitckpt-webhook"]
     webhook, sidecar = images(rendered.docs, tmp_path)
-    assert webhook == f"{entry['newName']}:{entry['newTag']}"
-    assert webhook.rpartition(":")[2] == sidecar.rpartition(":")[2] == VERSION
-    assert webhook.replace("jitckpt-webhook", "jitckpt-sidecar") == sidecar
+    assert webhook == f"{entry['newName']}:{entry['newTag']}@{entry['digest']}"
+    for image in (webhook, sidecar):
+        name_tag, _, digest = image.partition("@")
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), image
+        assert name_tag.rpartition(":")[2] == VERSION
+    assert (
+        webhook.split("@")[0].replace("jitckpt-webhook", "jitckpt-sidecar") == sidecar.split("@")[0]
+    )
     # No manifest file names an image itself: the base's images: entry does.
     named = {value for path in DEPLOY.rglob("*.yaml") for value in _image_fields(path)}
     assert named == {"jitckpt-webhook"}
