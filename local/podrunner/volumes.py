@@ -62,11 +62,12 @@ _versions = itertools.count()
 DATA_LINK = "..data"
 
 
-def _write_versioned(
+def write_secret_volume(
     directory: Path, data: Mapping[str, str], items: list[dict[str, Any]] | None
 ) -> None:
     """The kubelet's AtomicWriter: write the new version beside the old, swap ``..data``
-    to it with one rename, link any new key through it, then drop the old version."""
+    to it with one rename, link any new key through it, then drop the old version.
+    Tests that rotate a Secret under a running sidecar write its files with it too."""
     version = f"..version_{os.getpid()}_{next(_versions)}"
     _write_items(directory / version, data, items)
     link = directory / DATA_LINK
@@ -159,7 +160,7 @@ class PodVolumes:
             path = local
             path.mkdir(parents=True, exist_ok=True)
             data = _object(objects.secrets, str(ref.get("secretName")), ref.get("optional", False))
-            _write_versioned(path, data, ref.get("items"))
+            write_secret_volume(path, data, ref.get("items"))
             self.secrets[name] = (str(ref.get("secretName")), ref.get("items"))
         elif "configMap" in volume:
             ref = volume["configMap"]
@@ -181,7 +182,7 @@ class PodVolumes:
         rotated = 0
         for volume, (name, items) in self.secrets.items():
             if name == secret:
-                _write_versioned(self.paths[volume], data, items)
+                write_secret_volume(self.paths[volume], data, items)
                 rotated += 1
         return rotated
 

@@ -32,6 +32,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
@@ -39,6 +40,7 @@ from urllib.parse import urlsplit
 
 FaultKind = Literal["status", "reset", "stall", "delay"]
 
+_SIGNED_BY = re.compile(r"Credential=([A-Za-z0-9]+)/")
 REASONS = {500: "Internal Server Error", 503: "Service Unavailable", 429: "Too Many Requests"}
 
 
@@ -76,6 +78,8 @@ class Request:
     target: str
     fault: str | None
     status: int | None = None
+    access_key: str | None = None  # the key ID that signed it (SigV4), if signed
+    time: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -226,6 +230,8 @@ class FaultProxy:
             return False
         method, target, headers = _parse_head(head)
         seen, fault = self._take(method, target)
+        signed = _SIGNED_BY.search(headers.get("authorization", ""))
+        seen.access_key = signed.group(1) if signed else None
         if headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await writer.drain()

@@ -1,0 +1,237 @@
+"""The sidecar's store credentials against a store that checks them.
+
+For the Secret, the S3 server enforces IAM (moto's auth after ``reset-auth``):
+a key it does not know, or one deleted, is refused. So a sidecar that kept a
+rotated-out key, or fell back to any other identity, fails its uploads.
+
+- The s3-secret as files, rotated the way the kubelet does it (a new version,
+  one swap of ``..data``), then the old key deleted: the running agent goes on
+  uploading with the new key, without a restart.
+- IRSA: the agent exchanges the pod's web identity token at STS
+  (AssumeRoleWithWebIdentity) and asks again before the short-lived keys expire.
+- Nothing to use: a clear refusal at start, never the node's role.
+Each says in its log and ``/status`` which identity it uses and where from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from local.podrunner.volumes import write_secret_volume
+from local.s3server import ACCESS_KEY, REGION, SECRET_KEY, LocalS3
+from shim import layout, protocol
+from shim.channel import Client
+from tests.sidecar import shimtalk
+from tests.sidecar.agentproc import AgentProcess
+from tests.sidecar.helpers import stage
+from tests.support.faultproxy import FaultProxy
+
+S3_POLICY = json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+)
+TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Federated": "oidc.eks.example/id/TEST"},
+                "Action": "sts:AssumeRoleWithWebIdentity",
+            }
+        ],
+    }
+)
+STS_SECONDS = 30  # the agent asks for new keys when half of this is left
+
+
+class IamStore:
+    """An S3 server that refuses unknown keys, a bucket, and a user allowed on it."""
+
+    def __init__(self, server: LocalS3) -> None:
+        self.server = server
+        self.bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
+        self.iam = self.client("iam", ACCESS_KEY, SECRET_KEY)  # admin until auth is on
+        self.iam.create_user(UserName="trainer")
+        self.iam.put_user_policy(UserName="trainer", PolicyName="s3", PolicyDocument=S3_POLICY)
+        self.iam.create_user(UserName="admin")  # the test's own, to rotate the trainer's keys
+        self.iam.put_user_policy(
+            UserName="admin", PolicyName="keys", PolicyDocument=S3_POLICY.replace("s3:", "iam:")
+        )
+        self.client("s3", ACCESS_KEY, SECRET_KEY).create_bucket(Bucket=self.bucket)
+        admin = self.iam.create_access_key(UserName="admin")["AccessKey"]
+        request = urllib.request.Request(
+            server.endpoint + "/moto-api/reset-auth",
+            data=b"0",
+            method="POST",
+            headers={"Content-Type": "text/plain"},
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+        self.iam = self.client("iam", admin["AccessKeyId"], admin["SecretAccessKey"])
+
+    def client(self, service: str, key: str, secret: str, token: str | None = None) -> Any:
+        return boto3.client(
+            service,
+            endpoint_url=self.server.endpoint,
+            region_name=REGION,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            aws_session_token=token,
+        )
+
+    def new_key(self) -> tuple[str, str]:
+        key = self.iam.create_access_key(UserName="trainer")["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def accepts(self, key: tuple[str, str]) -> bool:
+        try:
+            self.client("s3", *key).list_objects_v2(Bucket=self.bucket)
+        except ClientError:
+            return False
+        return True
+
+
+@pytest.fixture
+def store() -> Iterator[IamStore]:
+    """A server of its own: once auth is on, it is on for every client of it."""
+    with LocalS3() as server:
+        yield IamStore(server)
+
+
+def secret_files(store: IamStore, key: tuple[str, str]) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": key[0],
+        "AWS_SECRET_ACCESS_KEY": key[1],
+        "AWS_S3_ENDPOINT": store.server.endpoint,
+        "AWS_DEFAULT_REGION": REGION,
+    }
+
+
+def upload(agent: AgentProcess, client: Client, step: int) -> None:
+    directory, files = stage(agent.staging, f"checkpoint-{step}-periodic-1", {"w.bin": 4096})
+    answer = client.call(shimtalk.staged(step, "periodic", directory, files))
+    assert isinstance(answer, protocol.StagedAnswer), answer
+    agent.wait_for(lambda: agent.committed_step() == step, 60, f"checkpoint-{step} committed")
+
+
+def test_a_rotated_secret_is_used_without_a_restart(store: IamStore, tmp_path: Path) -> None:
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    first = store.new_key()
+    write_secret_volume(secret_dir, secret_files(store, first), None)
+    agent = AgentProcess(
+        root=tmp_path,
+        destination=f"s3://{store.bucket}/ns-a/job-1",
+        s3_env={},  # no key, no endpoint in the env: all of it comes from the files
+        extra_env={layout.ENV_S3_SECRET_DIR: str(secret_dir)},
+    )
+    try:
+        agent.start()
+        agent.wait_ready()
+        assert agent.status()["identity"] == {
+            "kind": "s3-secret",
+            "source": f"files of the s3-secret at {secret_dir}",
+        }
+        client = Client(str(agent.socket))
+        client.call(shimtalk.hello(4242))
+        upload(agent, client, 10)
+
+        second = store.new_key()
+        write_secret_volume(secret_dir, secret_files(store, second), None)  # the kubelet's swap
+        store.iam.delete_access_key(UserName="trainer", AccessKeyId=first[0])
+        assert not store.accepts(first) and store.accepts(second)
+        upload(agent, client, 20)
+        upload(agent, client, 30)
+        client.close()
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+    log = agent.log()
+    assert "store credentials: s3-secret" in log and "changed: using the new version" in log
+    for key in (first, second):
+        assert key[0] not in log and key[1] not in log
+
+
+def test_irsa_assumes_the_pods_role_and_refreshes_before_expiry(
+    local_s3: LocalS3, bucket: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """moto's STS answers AssumeRoleWithWebIdentity, which is unsigned, only while its IAM
+    checks are off: here the proxy in front of S3 records which key signed each request,
+    and every one must be a key STS issued for the pod's role, a new one in use before
+    the first expired."""
+    admin = boto3.client(
+        "iam",
+        endpoint_url=local_s3.endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    role = admin.create_role(RoleName=f"training-{bucket}", AssumeRolePolicyDocument=TRUST)
+    role_arn = role["Role"]["Arn"]
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.test-web-identity-token")
+    agent = AgentProcess(
+        root=tmp_path,
+        destination=f"s3://{bucket}/ns-a/job-1",
+        s3_env={
+            "AWS_ROLE_ARN": role_arn,
+            "AWS_WEB_IDENTITY_TOKEN_FILE": str(token),
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_S3_ENDPOINT": proxy.endpoint,
+            "AWS_ENDPOINT_URL_STS": local_s3.endpoint,
+        },
+        extra_env={"JITCKPT_STS_DURATION_SECONDS": str(STS_SECONDS)},
+    )
+
+    def keys_used() -> list[str]:
+        return list(dict.fromkeys(r.access_key for r in proxy.requests if r.access_key))
+
+    started = time.monotonic()  # the first keys are asked for after this: they expire later
+    try:
+        agent.start()
+        agent.wait_ready()
+        identity = agent.status()["identity"]
+        assert identity == {
+            "kind": "irsa",
+            "source": f"role {role_arn} (IRSA), web identity token {token}",
+        }
+        client = Client(str(agent.socket))
+        client.call(shimtalk.hello(4242))
+        # Keep uploading until the agent uses new keys: before the first ones expire.
+        step = 0
+        while len(keys_used()) < 2:
+            step += 10
+            upload(agent, client, step)
+            assert time.monotonic() - started < STS_SECONDS, "no new keys before the old expired"
+            time.sleep(1)
+        upload(agent, client, step + 10)  # and the new keys work
+        client.close()
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+    with urllib.request.urlopen(local_s3.endpoint + "/moto-api/data.json") as answer:
+        issued = json.loads(answer.read())["sts"]["AssumedRole"]
+    ours = {r["access_key_id"] for r in issued if r["role_arn"] == role_arn}
+    assert set(keys_used()) <= ours and len(ours) >= 2
+    assert "store credentials: irsa" in agent.log()
+
+
+def test_no_secret_and_no_pod_identity_is_refused_never_the_nodes_role(tmp_path: Path) -> None:
+    agent = AgentProcess(root=tmp_path, destination="s3://bucket-x/ns-a/job-1", s3_env={})
+    try:
+        agent.start()
+        assert agent.wait() == 3
+    finally:
+        agent.kill()
+    log = agent.log()
+    assert "no credentials for the store" in log and "node's instance role is never used" in log
