@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from local.podrunner.container import Container, ContainerStatus
@@ -161,6 +162,10 @@ class Pod:
         for container in list(self._containers.values()):
             container.signal(SIGKILL)
         self._wake.set()
+
+    def volume_path(self, volume: str) -> Path | None:
+        """Where the pod's volume ``volume`` lies on this machine (None before it exists)."""
+        return self._volumes.paths.get(volume) if self._volumes is not None else None
 
     def update_secret(self, secret: str, data: Mapping[str, str]) -> int:
         """What the kubelet does when Secret ``secret`` changes: rotate the pod's volumes

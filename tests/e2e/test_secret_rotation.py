@@ -1,0 +1,120 @@
+"""A running injected pod goes on uploading after its S3 Secret is rotated.
+
+The pod is the webhook's output for a PyTorchJob pod, run by the pod runner;
+its store checks credentials. Mid-run the Secret's volume is rotated the way
+the kubelet does it (a new version, one swap of ``..data``) and the old key is
+deleted: from then on the store accepts only the new key, and the sidecar's
+next uploads must use it, without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from local.podrunner import Node, ObjectStore, Pod
+from local.s3server import REGION, LocalS3
+from shim import layout, protocol
+from shim.channel import Client
+from tests.sidecar import shimtalk
+from tests.sidecar.helpers import stage
+from tests.support.iamstore import IamStore
+from tests.webhook.golden import load_yaml
+from tests.webhook.server_support import FIXTURES
+from webhook.config import WebhookConfig
+from webhook.mutate import NamespaceInfo, mutate
+from webhook.status import VOL_LOCAL, VOL_RUN
+
+SECRET = "ckpt-s3"
+
+
+def injected_pod(bucket: str) -> dict[str, Any]:
+    pod = load_yaml(FIXTURES / "pytorchjob-master.yaml")
+    (trainer,) = pod["spec"]["containers"]
+    trainer["command"] = ["python", "-c", "import time; time.sleep(600)"]
+    trainer.pop("args", None)
+    namespace = NamespaceInfo(
+        "team-a",
+        {"jitckpt.io/injection": "enabled"},
+        {"jitckpt.io/destination": f"s3://{bucket}/runs", "jitckpt.io/s3-secret": SECRET},
+    )
+    result = mutate(pod, namespace, WebhookConfig())
+    assert result.injected, result.message
+    out = result.pod
+    out["spec"]["terminationGracePeriodSeconds"] = 20
+    return out
+
+
+def status(pod: Pod) -> dict[str, Any]:
+    url = f"http://{pod.ip}:{layout.STATUS_PORT}/status"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        document: dict[str, Any] = json.loads(answer.read())
+    return document
+
+
+def wait(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def files(store: IamStore, key: tuple[str, str]) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": key[0],
+        "AWS_SECRET_ACCESS_KEY": key[1],
+        "AWS_S3_ENDPOINT": store.server.endpoint,
+        "AWS_DEFAULT_REGION": REGION,
+    }
+
+
+@pytest.mark.slow
+def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> None:
+    with LocalS3() as server:
+        store = IamStore(server)
+        first = store.new_key()
+        node = Node(
+            root=tmp_path / "node", objects=ObjectStore(secrets={SECRET: files(store, first)})
+        )
+        pod = Pod(node, injected_pod(store.bucket)).start()
+        try:
+            wait(lambda: status(pod)["phase"] == "ready", 120, "the sidecar to be ready")
+            assert status(pod)["identity"]["kind"] == "s3-secret"
+            run_dir, local_dir = pod.volume_path(VOL_RUN), pod.volume_path(VOL_LOCAL)
+            assert run_dir is not None and local_dir is not None
+            client = Client(str(run_dir / "agent.sock"))
+            client.call(shimtalk.hello(4242))
+
+            def upload(step: int) -> None:
+                name = f"checkpoint-{step}-periodic-1"
+                _, names = stage(local_dir / layout.STAGING_SUBDIR, name, {"w.bin": 4096})
+                inside = Path(layout.LOCAL_DIR) / layout.STAGING_SUBDIR / name
+                answer = client.call(shimtalk.staged(step, "periodic", inside, names))
+                assert isinstance(answer, protocol.StagedAnswer), answer
+                wait(
+                    lambda: (status(pod)["last_committed"] or {}).get("step") == step,
+                    60,
+                    f"checkpoint-{step} committed",
+                )
+
+            upload(10)
+            second = store.new_key()
+            assert pod.update_secret(SECRET, files(store, second)) == 1
+            store.iam.delete_access_key(UserName="trainer", AccessKeyId=first[0])
+            assert not store.accepts(first) and store.accepts(second)
+            upload(20)
+            client.close()
+        finally:
+            pod.terminate()
+            result = pod.wait(60)
+        assert "last committed checkpoint: step 20" in result.message("jitckpt-agent")
