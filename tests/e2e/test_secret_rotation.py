@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from local.podrunner import Node, ObjectStore, Pod
-from local.s3server import REGION, LocalS3
+from local.s3server import LocalS3
 from shim import layout, protocol
 from shim.channel import Client
 from tests.sidecar import shimtalk
@@ -69,22 +69,14 @@ def wait(condition: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def files(store: IamStore, key: tuple[str, str]) -> dict[str, str]:
-    return {
-        "AWS_ACCESS_KEY_ID": key[0],
-        "AWS_SECRET_ACCESS_KEY": key[1],
-        "AWS_S3_ENDPOINT": store.server.endpoint,
-        "AWS_DEFAULT_REGION": REGION,
-    }
-
-
 @pytest.mark.slow
 def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> None:
     with LocalS3() as server:
         store = IamStore(server)
         first = store.new_key()
         node = Node(
-            root=tmp_path / "node", objects=ObjectStore(secrets={SECRET: files(store, first)})
+            root=tmp_path / "node",
+            objects=ObjectStore(secrets={SECRET: store.data_connection(first)}),
         )
         pod = Pod(node, injected_pod(store.bucket)).start()
         try:
@@ -109,7 +101,7 @@ def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> N
 
             upload(10)
             second = store.new_key()
-            assert pod.update_secret(SECRET, files(store, second)) == 1
+            assert pod.update_secret(SECRET, store.data_connection(second)) == 1
             store.iam.delete_access_key(UserName="trainer", AccessKeyId=first[0])
             assert not store.accepts(first) and store.accepts(second)
             upload(20)

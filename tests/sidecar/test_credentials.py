@@ -56,15 +56,6 @@ def store() -> Iterator[IamStore]:
         yield IamStore(server)
 
 
-def secret_files(store: IamStore, key: tuple[str, str]) -> dict[str, str]:
-    return {
-        "AWS_ACCESS_KEY_ID": key[0],
-        "AWS_SECRET_ACCESS_KEY": key[1],
-        "AWS_S3_ENDPOINT": store.server.endpoint,
-        "AWS_DEFAULT_REGION": REGION,
-    }
-
-
 def upload(agent: AgentProcess, client: Client, step: int) -> None:
     directory, files = stage(agent.staging, f"checkpoint-{step}-periodic-1", {"w.bin": 4096})
     answer = client.call(shimtalk.staged(step, "periodic", directory, files))
@@ -76,7 +67,7 @@ def test_a_rotated_secret_is_used_without_a_restart(store: IamStore, tmp_path: P
     secret_dir = tmp_path / "secret"
     secret_dir.mkdir()
     first = store.new_key()
-    write_secret_volume(secret_dir, secret_files(store, first), None)
+    write_secret_volume(secret_dir, store.data_connection(first), None)
     agent = AgentProcess(
         root=tmp_path,
         destination=f"s3://{store.bucket}/ns-a/job-1",
@@ -95,7 +86,7 @@ def test_a_rotated_secret_is_used_without_a_restart(store: IamStore, tmp_path: P
         upload(agent, client, 10)
 
         second = store.new_key()
-        write_secret_volume(secret_dir, secret_files(store, second), None)  # the kubelet's swap
+        write_secret_volume(secret_dir, store.data_connection(second), None)  # the kubelet's swap
         store.iam.delete_access_key(UserName="trainer", AccessKeyId=first[0])
         assert not store.accepts(first) and store.accepts(second)
         upload(agent, client, 20)

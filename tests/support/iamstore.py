@@ -59,6 +59,15 @@ class IamStore:
         key = self.iam.create_access_key(UserName="trainer")["AccessKey"]
         return key["AccessKeyId"], key["SecretAccessKey"]
 
+    def data_connection(self, key: tuple[str, str]) -> dict[str, str]:
+        """An S3 Secret's data (an OpenShift AI data connection's keys) for ``key``."""
+        return {
+            "AWS_ACCESS_KEY_ID": key[0],
+            "AWS_SECRET_ACCESS_KEY": key[1],
+            "AWS_S3_ENDPOINT": self.server.endpoint,
+            "AWS_DEFAULT_REGION": REGION,
+        }
+
     def accepts(self, key: tuple[str, str]) -> bool:
         try:
             self.client("s3", *key).list_objects_v2(Bucket=self.bucket)
