@@ -9,16 +9,21 @@ rotated-out key, or fell back to any other identity, fails its uploads.
   uploading with the new key, without a restart.
 - IRSA: the agent exchanges the pod's web identity token at STS
   (AssumeRoleWithWebIdentity) and asks again before the short-lived keys expire.
+- EKS Pod Identity: keys from the agent's endpoint, asked for with the pod's token.
 - Nothing to use: a clear refusal at start, never the node's role.
 Each says in its log and ``/status`` which identity it uses and where from.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
@@ -175,3 +180,88 @@ def test_no_secret_and_no_pod_identity_is_refused_never_the_nodes_role(tmp_path:
         agent.kill()
     log = agent.log()
     assert "no credentials for the store" in log and "node's instance role is never used" in log
+
+
+class PodIdentityAgent:
+    """The EKS Pod Identity agent's credentials endpoint on 127.0.0.1: it answers only a
+    request that presents the pod's token, with keys that expire in an hour."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.key = f"ASIAPODIDENTITY{uuid.uuid4().hex[:5].upper()}"
+        self.calls: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.calls.append(self.headers.get("Authorization", ""))
+                if self.headers.get("Authorization") != outer.token:
+                    self.send_response(403)
+                    self.end_headers()
+                    return
+                expiry = datetime.now(UTC) + timedelta(hours=1)
+                body = json.dumps(
+                    {
+                        "AccessKeyId": outer.key,
+                        "SecretAccessKey": "pod-identity-secret",
+                        "Token": "pod-identity-session",
+                        "Expiration": expiry.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/credentials"
+
+    def __enter__(self) -> PodIdentityAgent:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_eks_pod_identity_is_used_with_the_pods_token(
+    bucket: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    token = tmp_path / "eks-pod-identity-token"
+    token.write_text("pod-token-for-team-a")
+    with PodIdentityAgent("pod-token-for-team-a") as endpoint:
+        agent = AgentProcess(
+            root=tmp_path,
+            destination=f"s3://{bucket}/ns-a/job-1",
+            s3_env={
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI": endpoint.uri,
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token),
+                "AWS_DEFAULT_REGION": REGION,
+                "AWS_S3_ENDPOINT": proxy.endpoint,
+            },
+        )
+        try:
+            agent.start()
+            agent.wait_ready()
+            assert agent.status()["identity"] == {
+                "kind": "eks-pod-identity",
+                "source": f"EKS Pod Identity at {endpoint.uri}, token {token}",
+            }
+            client = Client(str(agent.socket))
+            client.call(shimtalk.hello(4242))
+            upload(agent, client, 10)
+            client.close()
+            assert agent.terminate() == 0
+        finally:
+            agent.kill()
+    assert endpoint.calls and set(endpoint.calls) == {"pod-token-for-team-a"}
+    assert {r.access_key for r in proxy.requests if r.access_key} == {endpoint.key}
