@@ -65,8 +65,10 @@ def find(container: Mapping[str, Any]) -> WorkloadIdentity | None:
     for kind, required in KINDS.items():
         if not all(name in env for name in required):
             continue
-        names = [*required, TOKEN_FILES[kind], *COMPANIONS, "AWS_DEFAULT_REGION"]
-        copied = [copy.deepcopy(env[n]) for n in dict.fromkeys(names) if n in env]
+        # In the trainer's order: the identity webhook gives every container the same list,
+        # so a sidecar it reached itself looks the same (no drift for `jitckpt audit`).
+        names = {*required, TOKEN_FILES[kind], *COMPANIONS, "AWS_DEFAULT_REGION"}
+        copied = [copy.deepcopy(e) for n, e in env.items() if n in names]
         token = env.get(TOKEN_FILES[kind], {}).get("value")
         mounts: list[dict[str, Any]] = []
         warnings: list[str] = []
