@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck unit golden demo bench images clean
+.PHONY: setup test lint typecheck unit golden demo bench images images-deps images-check clean
 
 setup: $(STAMP)
 
@@ -30,8 +30,9 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -m 'not slow' $(PYTEST_ARGS)
 
-test: lint typecheck
-	$(BIN)/pytest $(PYTEST_ARGS)
+# The tests under tests/images run the images images-check built (JITCKPT_IMAGES).
+test: lint typecheck images-check
+	JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest $(PYTEST_ARGS)
 
 # Regenerate every golden file after an intended change of output, in one run:
 # the injector's pods and results and the CLI's whole-command outputs (every
@@ -47,25 +48,44 @@ bench: setup
 
 # Build both images and push them: make images REGISTRY=registry.example.com/ml [VERSION=...]
 # gives $(REGISTRY)/jitckpt-webhook:$(VERSION) and $(REGISTRY)/jitckpt-sidecar:$(VERSION),
-# VERSION the project's by default. docker, or podman where docker is absent
-# (CONTAINER_ENGINE=... to choose). Both are built before either is pushed, the
-# sidecar pushed first: a webhook must never name a sidecar image that is not there.
+# VERSION the project's by default. docker, else podman, else buildah (CONTAINER_ENGINE=...
+# to choose). Both are built before either is pushed, the sidecar pushed first: a webhook
+# must never name a sidecar image that is not there. buildah needs no daemon: it builds
+# as images-check does (a Python base from Debian's packages), then pushes.
 # README.md, "Images", says how to point the install at them.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
-CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
+CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman || command -v buildah)
 IMAGE_PREFIX = $(patsubst %/,%,$(REGISTRY))/jitckpt
+# Where images-check links the exported images (each an OCI layout and its root directory);
+# the build cache (base image, buildah storage, exports) is outside the checkout.
+IMAGES_OUT := build/images
+IMAGES_CACHE ?= /var/cache/jitckpt
 
 images:
 	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY, where to push (e.g. make images REGISTRY=registry.example.com/ml)" >&2; exit 2; }
 	@test -n "$(VERSION)" || { echo "make images: no VERSION given and none found in pyproject.toml" >&2; exit 2; }
-	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: neither docker nor podman is installed (or set CONTAINER_ENGINE)" >&2; exit 2; }
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: none of docker, podman or buildah is installed (or set CONTAINER_ENGINE)" >&2; exit 2; }
+ifeq ($(notdir $(CONTAINER_ENGINE)),buildah)
+	$(PYTHON) -m tools.images --out $(IMAGES_OUT) --cache $(IMAGES_CACHE) --push-prefix $(IMAGE_PREFIX) --version $(VERSION)
+else
 	$(CONTAINER_ENGINE) build -f Dockerfile.webhook -t $(IMAGE_PREFIX)-webhook:$(VERSION) .
 	$(CONTAINER_ENGINE) build -f Dockerfile.sidecar -t $(IMAGE_PREFIX)-sidecar:$(VERSION) .
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-sidecar:$(VERSION)
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-webhook:$(VERSION)
+endif
 	@echo "pushed; point the install at them (README.md, Images):"
 	@echo "  deploy/base/kustomization.yaml images: jitckpt-webhook -> $(IMAGE_PREFIX)-webhook:$(VERSION)"
 	@echo "  deploy/base/configmap.yaml sidecar_image: $(IMAGE_PREFIX)-sidecar:$(VERSION)"
+
+# buildah and debootstrap from Debian's packages, where they are missing (as root).
+images-deps:
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap; }
+
+# Both images built from the Dockerfiles as they are, with no daemon and no registry,
+# exported for tests/images (cached under IMAGES_CACHE while nothing that built them changes).
+images-check: images-deps
+	$(PYTHON) -m tools.images --out $(IMAGES_OUT) --cache $(IMAGES_CACHE)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -150,9 +150,10 @@ class Import:
     where: str  # path:line
 
 
-def imports(path: Path) -> list[Import]:
-    """Every import in the module at ``path`` (relative ones name its own top package)."""
-    relative = path.relative_to(ROOT)
+def imports(path: Path, root: Path = ROOT) -> list[Import]:
+    """Every import in the module at ``path`` under ``root`` (the repository, or an
+    image's site-packages); relative ones name the module's own top package."""
+    relative = path.relative_to(root)
     own = relative.parts[0]
     found = []
     for node in _nodes(ast.parse(path.read_text(), str(path))):

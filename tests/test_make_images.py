@@ -107,5 +107,5 @@ def test_without_a_registry_it_says_so_and_runs_nothing(tmp_path: Path) -> None:
 def test_without_docker_or_podman_it_says_so(tmp_path: Path) -> None:
     run = make_images(tmp_path, (), f"REGISTRY={REGISTRY}")
     assert run.returncode != 0
-    assert "neither docker nor podman" in run.stderr
+    assert "none of docker, podman or buildah" in run.stderr
     assert run.calls == []
