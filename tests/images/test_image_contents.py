@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 
 from local.podrunner.image import ImageRoot
 from shim import layout
-from tests.test_images import FIRST_PARTY, PROJECT, SHARED_PARTS, USER_STACK, imports
+from tests.test_images import FIRST_PARTY, PROJECT, SHARED_PARTS, USER_STACK, closure, imports
 from webhook.config import WebhookConfig
 
 PARTS = ("webhook", "sidecar")
@@ -67,21 +67,14 @@ def requirements(dists: dict[str, md.Distribution], part: str) -> list[Requireme
     return [r for r in declared if r.marker is None or r.marker.evaluate({"extra": part})]
 
 
-def closure(dists: dict[str, md.Distribution], reqs: list[Requirement]) -> set[str]:
+def installed_closure(dists: dict[str, md.Distribution], reqs: list[Requirement]) -> set[str]:
     """Every distribution ``reqs`` pull in, by the image's own metadata."""
-    seen: set[tuple[str, str]] = set()
-    todo = [(canonicalize_name(r.name), e) for r in reqs for e in r.extras | {""}]
-    while todo:
-        name, extra = todo.pop()
-        if (name, extra) in seen:
-            continue
-        seen.add((name, extra))
+
+    def requires(name: str) -> tuple[str, ...]:
         assert name in dists, f"{name} is required but not installed in the image"
-        for raw in dists[name].requires or []:
-            req = Requirement(raw)
-            if req.marker is None or req.marker.evaluate({"extra": extra}):
-                todo += [(canonicalize_name(req.name), e) for e in req.extras | {""}]
-    return {name for name, _ in seen}
+        return tuple(dists[name].requires or ())
+
+    return closure(reqs, requires)
 
 
 def third_party_imports(image: ImageRoot) -> dict[str, list[str]]:
@@ -116,7 +109,7 @@ def test_every_import_is_installed_in_the_image(image: ImageRoot) -> None:
 def test_the_image_installs_its_extra_and_nothing_else(image: ImageRoot, part: str) -> None:
     dists = distributions(image)
     reqs = requirements(dists, part)
-    assert set(dists) == closure(dists, reqs) | {PROJECT}, "installed beyond the extra"
+    assert set(dists) == installed_closure(dists, reqs) | {PROJECT}, "installed beyond the extra"
     assert not set(dists) & TRAINING_STACK
     found = owners(dists)
     used = {d for module in third_party_imports(image) for d in found.get(module, set())}
