@@ -109,3 +109,15 @@ def test_without_docker_or_podman_it_says_so(tmp_path: Path) -> None:
     assert run.returncode != 0
     assert "none of docker, podman or buildah" in run.stderr
     assert run.calls == []
+
+
+def test_buildah_where_there_is_neither_docker_nor_podman(tmp_path: Path) -> None:
+    """buildah needs no daemon: the build script builds both (a base from Debian's
+    packages, see tools/images) and pushes them, sidecar first; here it is a fake too."""
+    run = make_images(tmp_path, ("buildah", "builder"), f"REGISTRY={REGISTRY}", "PYTHON=builder")
+    assert run.returncode == 0, run.stderr
+    prefix = f"{REGISTRY}/jitckpt"
+    assert run.calls == [
+        f"builder -m tools.images --out build/images --cache /var/cache/jitckpt "
+        f"--push-prefix {prefix} --version {PROJECT_VERSION} (in {ROOT})"
+    ]
