@@ -10,7 +10,7 @@ CHECKOV_VERSION := 3.3.30
 SCANNER_VENV := .venv-checkov
 SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
 
-.PHONY: setup test lint typecheck unit golden demo bench images clean
+.PHONY: setup test lint typecheck unit golden demo bench images images-deps images-check clean
 
 setup: $(STAMP) $(SCANNER)
 
@@ -41,8 +41,9 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -m 'not slow' $(PYTEST_ARGS)
 
-test: lint typecheck
-	$(BIN)/pytest $(PYTEST_ARGS)
+# The tests under tests/images run the images images-check built (JITCKPT_IMAGES).
+test: lint typecheck images-check
+	JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest $(PYTEST_ARGS)
 
 # Regenerate every golden file after an intended change of output, in one run:
 # the injector's pods and results and the CLI's whole-command outputs (every
@@ -58,34 +59,59 @@ bench: setup
 
 # Build both images and push them: make images REGISTRY=registry.example.com/ml [VERSION=...]
 # gives $(REGISTRY)/jitckpt-webhook:$(VERSION) and $(REGISTRY)/jitckpt-sidecar:$(VERSION),
-# VERSION the project's by default. docker, or podman where docker is absent
-# (CONTAINER_ENGINE=... to choose). Both are built before either is pushed, the
-# sidecar pushed first: a webhook must never name a sidecar image that is not there.
+# VERSION the project's by default. docker, else podman, else buildah (CONTAINER_ENGINE=...
+# to choose). Both are built before either is pushed, the sidecar pushed first: a webhook
+# must never name a sidecar image that is not there. buildah needs no daemon: it builds
+# as images-check does (a Python base from Debian's packages), then pushes.
 # Then it records the digests the registry gave them: deploy/base (PIN_DIR) pins both
 # images by digest (kustomization.yaml's images: entry, configmap.yaml's sidecar_image).
 # README.md, "Images", says more.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
-CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman)
+CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman || command -v buildah)
 IMAGE_PREFIX = $(patsubst %/,%,$(REGISTRY))/jitckpt
 PIN_DIR ?= deploy/base
-# The digest the registry gave image $(1) on push (RepoDigests), e.g. sha256:ab12...
+# Where images-check links the exported images (each an OCI layout and its root directory);
+# the build cache (base image, buildah storage, exports) is outside the checkout.
+IMAGES_OUT ?= build/images
+IMAGES_CACHE ?= /var/cache/jitckpt
+# The digest the registry gave image $(1) (part $(2)) on push, e.g. sha256:ab12...:
+# buildah writes it to a file at push time, docker and podman keep it as a RepoDigest.
+ifeq ($(notdir $(CONTAINER_ENGINE)),buildah)
+digest_of = d=$$(cat $(IMAGES_OUT)/$(2).digest) \
+	&& case "$$d" in sha256:*) ;; *) echo "make images: no digest for $(1)" >&2; exit 1 ;; esac
+else
 digest_of = d=$$($(CONTAINER_ENGINE) image inspect --format '{{index .RepoDigests 0}}' $(1)) \
 	&& d=$${d\#*@} && case "$$d" in sha256:*) ;; *) echo "make images: no digest for $(1)" >&2; exit 1 ;; esac
+endif
 
 images:
 	@test -n "$(REGISTRY)" || { echo "make images: set REGISTRY, where to push (e.g. make images REGISTRY=registry.example.com/ml)" >&2; exit 2; }
 	@test -n "$(VERSION)" || { echo "make images: no VERSION given and none found in pyproject.toml" >&2; exit 2; }
-	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: neither docker nor podman is installed (or set CONTAINER_ENGINE)" >&2; exit 2; }
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make images: none of docker, podman or buildah is installed (or set CONTAINER_ENGINE)" >&2; exit 2; }
+ifeq ($(notdir $(CONTAINER_ENGINE)),buildah)
+	$(PYTHON) -m tools.images --out $(IMAGES_OUT) --cache $(IMAGES_CACHE) --push-prefix $(IMAGE_PREFIX) --version $(VERSION)
+else
 	$(CONTAINER_ENGINE) build -f Dockerfile.webhook -t $(IMAGE_PREFIX)-webhook:$(VERSION) .
 	$(CONTAINER_ENGINE) build -f Dockerfile.sidecar -t $(IMAGE_PREFIX)-sidecar:$(VERSION) .
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-sidecar:$(VERSION)
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-webhook:$(VERSION)
-	@$(call digest_of,$(IMAGE_PREFIX)-sidecar:$(VERSION)); \
+endif
+	@$(call digest_of,$(IMAGE_PREFIX)-sidecar:$(VERSION),sidecar) && \
 	sed -i "s|^\(    sidecar_image: \).*|\1$(IMAGE_PREFIX)-sidecar:$(VERSION)@$$d|" $(PIN_DIR)/configmap.yaml
-	@$(call digest_of,$(IMAGE_PREFIX)-webhook:$(VERSION)); \
+	@$(call digest_of,$(IMAGE_PREFIX)-webhook:$(VERSION),webhook) && \
 	sed -i -e "s|^\(    newName: \).*|\1$(IMAGE_PREFIX)-webhook|" -e "s|^\(    newTag: \).*|\1$(VERSION)|" \
 		-e "s|^\(    digest: \).*|\1$$d|" $(PIN_DIR)/kustomization.yaml
 	@echo "pushed, and pinned by digest in $(PIN_DIR) (kustomization.yaml, configmap.yaml)"
+
+# buildah and debootstrap from Debian's packages, where they are missing (as root).
+images-deps:
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap; }
+
+# Both images built from the Dockerfiles as they are, with no daemon and no registry,
+# exported for tests/images (cached under IMAGES_CACHE while nothing that built them changes).
+images-check: images-deps
+	$(PYTHON) -m tools.images --out $(IMAGES_OUT) --cache $(IMAGES_CACHE)
 
 clean:
 	rm -rf $(VENV) $(SCANNER_VENV) .mypy_cache .ruff_cache .pytest_cache

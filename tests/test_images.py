@@ -18,7 +18,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -150,9 +150,10 @@ class Import:
     where: str  # path:line
 
 
-def imports(path: Path) -> list[Import]:
-    """Every import in the module at ``path`` (relative ones name its own top package)."""
-    relative = path.relative_to(ROOT)
+def imports(path: Path, root: Path = ROOT) -> list[Import]:
+    """Every import in the module at ``path`` under ``root`` (the repository, or an
+    image's site-packages); relative ones name the module's own top package."""
+    relative = path.relative_to(root)
     own = relative.parts[0]
     found = []
     for node in _nodes(ast.parse(path.read_text(), str(path))):
@@ -197,8 +198,11 @@ def _requires(dist: str) -> tuple[str, ...]:
     return tuple(md.requires(dist) or ())
 
 
-def closure(reqs: list[Requirement]) -> set[str]:
-    """Every distribution ``reqs`` install, with the extras asked for, as installed here."""
+def closure(
+    reqs: list[Requirement], requires: Callable[[str], Sequence[str]] = _requires
+) -> set[str]:
+    """Every distribution ``reqs`` install, with the extras asked for, by the metadata of
+    ``requires`` (a distribution's requirements; by default as installed here)."""
     seen: set[tuple[str, str]] = set()
     todo = [(canonicalize_name(r.name), extra) for r in reqs for extra in r.extras | {""}]
     while todo:
@@ -206,7 +210,7 @@ def closure(reqs: list[Requirement]) -> set[str]:
         if (name, extra) in seen:
             continue
         seen.add((name, extra))
-        for raw in _requires(name):
+        for raw in requires(name):
             req = Requirement(raw)
             if req.marker is None or req.marker.evaluate({"extra": extra}):
                 todo += [(canonicalize_name(req.name), e) for e in req.extras | {""}]

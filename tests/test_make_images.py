@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 REGISTRY = "registry.example.com/ml"
 # What the Makefile's recipe needs from PATH besides the engine.
-TOOLS = ("sed",)
+TOOLS = ("sed", "cat")
 PIN_FILES = ("kustomization.yaml", "configmap.yaml")
 
 # `image inspect` answers as a registry would after a push: name@digest, the digest
@@ -33,6 +33,13 @@ if [ "$1 $2" = "image inspect" ]; then
     echo "${5%:*}@$d"
 fi
 exit 0
+"""
+# The build script under buildah: records its call, and writes the digest files a
+# push with ``--digestfile`` leaves beside the exports (``--out``).
+BUILDER = """#!/bin/sh
+echo "${0##*/} $* (in $(pwd))" >> "$RECORD"
+echo "$SIDECAR_DIGEST" > "$IMAGES_OUT/sidecar.digest"
+echo "$WEBHOOK_DIGEST" > "$IMAGES_OUT/webhook.digest"
 """
 SIDECAR_DIGEST = "sha256:" + "5" * 64
 WEBHOOK_DIGEST = "sha256:" + "7" * 64
@@ -54,7 +61,7 @@ def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: s
         assert found, f"{tool} is needed to run make images"
         (bin_dir / tool).symlink_to(found)
     for engine in engines:
-        (bin_dir / engine).write_text(ENGINE)
+        (bin_dir / engine).write_text(BUILDER if engine == "builder" else ENGINE)
         (bin_dir / engine).chmod(0o755)
     record = tmp_path / "calls"
     record.touch()
@@ -69,6 +76,7 @@ def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: s
         "HOME": str(tmp_path),
         "SIDECAR_DIGEST": SIDECAR_DIGEST,
         "WEBHOOK_DIGEST": WEBHOOK_DIGEST,
+        "IMAGES_OUT": str(tmp_path),
     }
     make = shutil.which("make")
     assert make, "make is needed"
@@ -156,5 +164,21 @@ def test_without_a_registry_it_says_so_and_runs_nothing(tmp_path: Path) -> None:
 def test_without_docker_or_podman_it_says_so(tmp_path: Path) -> None:
     run = make_images(tmp_path, (), f"REGISTRY={REGISTRY}")
     assert run.returncode != 0
-    assert "neither docker nor podman" in run.stderr
+    assert "none of docker, podman or buildah" in run.stderr
     assert run.calls == []
+
+
+def test_buildah_where_there_is_neither_docker_nor_podman(tmp_path: Path) -> None:
+    """buildah needs no daemon: the build script builds both (a base from Debian's
+    packages, see tools/images) and pushes them, sidecar first; here it is a fake too."""
+    run = make_images(tmp_path, ("buildah", "builder"), f"REGISTRY={REGISTRY}", "PYTHON=builder")
+    assert run.returncode == 0, run.stderr
+    prefix = f"{REGISTRY}/jitckpt"
+    assert run.calls == [
+        f"builder -m tools.images --out {tmp_path} --cache /var/cache/jitckpt "
+        f"--push-prefix {prefix} --version {PROJECT_VERSION} (in {ROOT})"
+    ]
+    pinned = yaml.safe_load((tmp_path / "base" / "configmap.yaml").read_text())
+    assert f"jitckpt-sidecar:{PROJECT_VERSION}@{SIDECAR_DIGEST}" in str(pinned)
+    kustomization = yaml.safe_load((tmp_path / "base" / "kustomization.yaml").read_text())
+    assert any(image.get("digest") == WEBHOOK_DIGEST for image in kustomization["images"])

@@ -57,6 +57,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="another jitckpt.io/KEY setting on the namespace, e.g. --set save-steps=5",
     )
+    parser.add_argument(
+        "--sidecar-image",
+        type=Path,
+        metavar="EXPORT",
+        help="run the sidecar from this built image, as its user on a read-only root "
+        "(an export of `make images-check`: build/images/sidecar)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON summary on stdout")
     parser.add_argument(
         "--logs", action="store_true", help="stream every container's log to stderr"
@@ -107,11 +114,12 @@ def run(args: argparse.Namespace) -> int:
         keep=args.keep,
         stream_logs=args.logs,
         settings=settings,
+        sidecar_image=args.sidecar_image,
     )
     account = sys.stderr if args.json else sys.stdout
     try:
         summary = run_demo(options, account)
-    except (JobError, SpecError, ValueError) as exc:
+    except (JobError, SpecError, ValueError, OSError) as exc:
         print(f"jitckpt demo: {exc}", file=account)
         summary = {"ok": False, "error": str(exc)}
     if args.json:

@@ -38,7 +38,7 @@ from local.demo.jobrun import JobRun
 from local.demo.narrate import Narrator
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
-from local.podrunner import Node, ObjectStore
+from local.podrunner import ImageRoot, Node, ObjectStore
 from local.s3server import free_port
 from shim.layout import ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
 from webhook.config import WebhookConfig
@@ -76,6 +76,9 @@ class DemoOptions:
     timeout: float = 300.0
     settings: dict[str, str] = field(default_factory=dict)  # more jitckpt.io/* for the namespace
     reference_weights: Path | None = None  # an uninterrupted run's weights, to skip that run
+    # An exported sidecar image (`make images-check`): its containers run from its
+    # root instead of this interpreter (local/podrunner/image.py).
+    sidecar_image: Path | None = None
 
 
 @dataclass
@@ -187,10 +190,14 @@ def open_scenario(options: DemoOptions, account: IO[str]) -> Iterator[Scenario]:
         Destination.from_uri(options.destination) if options.destination else Destination.embedded()
     )
     try:
+        image_roots = {}
+        if options.sidecar_image is not None:
+            image_roots[WebhookConfig().sidecar_image] = ImageRoot.load(options.sidecar_image)
         node = Node(
             root=workdir / "node",
             objects=ObjectStore(secrets=destination.secrets()),
             image_env=IMAGE_ENV,
+            image_roots=image_roots,
             stream=sys.stderr if options.stream_logs else None,
         )
         scenario = Scenario(options, Narrator(account), workdir, node, destination)

@@ -3,7 +3,8 @@
 The process is started through ``launch.py`` (namespaces and bind mounts, see
 there). Output goes to a per-container log file and, optionally, to a stream
 with a ``[pod/container]`` prefix. ``exec`` runs a command inside the
-container's mount and PID namespaces with its environment, which is how the
+container's mount and PID namespaces with its environment (and, for a
+container from an image root, in that root as its user), which is how the
 kubelet runs exec probes and preStop hooks.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from local.podrunner.image import RootSpec
 from local.podrunner.volumes import BindMount
 
 LAUNCHER = Path(__file__).with_name("launch.py")
@@ -72,6 +74,7 @@ class Container:
     termination_log: Path
     fallback_to_logs: bool
     stream: IO[str] | None = None
+    root: RootSpec | None = None  # None: this machine's root, as root (DESIGN.md, section 9)
     status: ContainerStatus = field(init=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _init_pid: int | None = field(default=None, init=False, repr=False)
@@ -99,6 +102,7 @@ class Container:
                     "workingDir": self.working_dir,
                     "mounts": [m.as_json() for m in self.mounts],
                     "pidFile": str(pid_file),
+                    "root": self.root.as_json() if self.root else None,
                 }
             )
         )
@@ -180,6 +184,8 @@ class Container:
         if self._init_pid is None or not self.running:
             return ExecResult(126, f"container {self.name} is not running")
         argv = ["nsenter", f"--target={self._init_pid}", "--mount", "--pid"]
+        if self.root is not None:  # in the image's root, as the container's user
+            argv += ["--root", f"--setuid={self.root.uid}", f"--setgid={self.root.gid}"]
         argv += [f"--wd={self.working_dir or '/'}", "--", *command]
         try:
             done = subprocess.run(

@@ -3,7 +3,8 @@
 A ``Node`` plays the part of the kubelet's host: it owns a state directory
 (one subdirectory per pod, one per claim), the Secrets and ConfigMaps the
 pods may reference, the mapping from a container image to the local
-interpreter that stands in for it, and the pod IPs (each pod gets its own
+interpreter that stands in for it (or to the image itself, unpacked: see
+``image.py``), and the pod IPs (each pod gets its own
 loopback address, so two pods can both listen on port 8471 as they would on
 two pod IPs).
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from local.podrunner.image import ImageRoot
 from local.podrunner.spec import ObjectStore
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -48,6 +50,9 @@ class Node:
     objects: ObjectStore = field(default_factory=ObjectStore)
     images: Mapping[str, Path] = field(default_factory=_default_images)
     image_env: Mapping[str, str] = field(default_factory=dict)
+    # Images unpacked here (image pattern -> its root): their containers run from
+    # that root as the image's user, not from this interpreter (see image.py).
+    image_roots: Mapping[str, ImageRoot] = field(default_factory=dict)
     stream: IO[str] | None = None
     _ips: set[str] = field(default_factory=set, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -75,6 +80,13 @@ class Node:
         env = {"PATH": f"{bin_dir}:{SYSTEM_PATH}" if bin_dir else SYSTEM_PATH, "HOME": "/root"}
         env.update(self.image_env)
         return env
+
+    def image_root(self, image: str) -> ImageRoot | None:
+        """The unpacked image a container of ``image`` runs from, if the node has one."""
+        return next(
+            (root for pattern, root in self.image_roots.items() if fnmatch.fnmatch(image, pattern)),
+            None,
+        )
 
     def allocate_ip(self, ports: set[int]) -> str:
         """A loopback address of its own for a pod, with the pod's ports free on it."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from local.podrunner.container import Container, ContainerStatus
+from local.podrunner.image import RootSpec
 from local.podrunner.node import Node
 from local.podrunner.probes import run_startup_probe
 from local.podrunner.spec import PodContext, container_argv, container_env
@@ -196,20 +197,37 @@ class Pod:
         name = str(spec["name"])
         state = self.dir / "containers" / name
         state.mkdir(parents=True, exist_ok=True)
-        env = self.node.base_env(str(spec.get("image", "")))
+        image = self.node.image_root(str(spec.get("image", "")))
+        env = dict(image.config.env) if image else self.node.base_env(str(spec.get("image", "")))
         env["HOSTNAME"] = str(self.spec.get("hostname") or self.name)
         env.update(container_env(spec, self.context, self.node.objects))
+        root = None
+        if image is not None:
+            uid, gid = image.user(spec, self.spec)
+            context = spec.get("securityContext") or {}
+            root = RootSpec(
+                image=image.rootfs,
+                scratch=state / "root",
+                read_only=bool(context.get("readOnlyRootFilesystem")),
+                uid=uid,
+                gid=gid,
+                no_new_privileges=context.get("allowPrivilegeEscalation") is False,
+            )
+        entrypoint, cmd = (image.config.entrypoint, image.config.cmd) if image else ([], [])
         container = Container(
             name=name,
             label=f"{self.name}/{name}",
-            argv=container_argv(spec, env),
+            argv=container_argv(spec, env, entrypoint, cmd),
             env=env,
-            mounts=self._volumes.mounts_for(spec, state / "termination-log"),
-            working_dir=spec.get("workingDir"),
+            mounts=self._volumes.mounts_for(
+                spec, state / "termination-log", host_mount_points=root is None
+            ),
+            working_dir=spec.get("workingDir") or (image.config.working_dir if image else None),
             state_dir=state,
             termination_log=state / "termination-log",
             fallback_to_logs=spec.get("terminationMessagePolicy") == "FallbackToLogsOnError",
             stream=self.node.stream,
+            root=root,
         )
         self._containers[name] = container
         self._specs[name] = spec

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,13 +191,20 @@ def container_env(
     return env
 
 
-def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """``command`` + ``args`` with ``$(VAR)`` expanded; the image's entrypoint is unknown here."""
+def container_argv(
+    container: Mapping[str, Any],
+    env: Mapping[str, str],
+    entrypoint: Sequence[str] = (),
+    cmd: Sequence[str] = (),
+) -> list[str]:
+    """The kubelet's rule, ``$(VAR)`` expanded: ``command`` replaces the image's
+    ENTRYPOINT and ``args`` its CMD (both unknown here unless the image is on the node)."""
     command = [str(part) for part in container.get("command") or []]
-    if not command:
+    args = [str(part) for part in container.get("args") or []]
+    argv = command + args if command else [*entrypoint, *(args or cmd)]
+    if not argv:
         raise SpecError(
             f"container {container.get('name')!r} has no command: the runner cannot know "
             "its image's entrypoint"
         )
-    args = [str(part) for part in container.get("args") or []]
-    return [expand(part, env) for part in command + args]
+    return [expand(part, env) for part in argv]

@@ -147,6 +147,10 @@ class PodVolumes:
         if "emptyDir" in volume:
             memory = (volume["emptyDir"] or {}).get("medium") == "Memory"
             path = self.shm_dir / name if memory else local
+            # World-writable, as the kubelet makes an emptyDir: containers of one
+            # pod run as different users (the sidecar as its image's).
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
         elif "persistentVolumeClaim" in volume:
             path = self.claims_dir / str(volume["persistentVolumeClaim"]["claimName"])
         elif "hostPath" in volume:
@@ -186,8 +190,13 @@ class PodVolumes:
                 rotated += 1
         return rotated
 
-    def mounts_for(self, container: Mapping[str, Any], termination_log: Path) -> list[BindMount]:
-        """The container's volumeMounts plus its termination message file, as bind mounts."""
+    def mounts_for(
+        self, container: Mapping[str, Any], termination_log: Path, host_mount_points: bool = True
+    ) -> list[BindMount]:
+        """The container's volumeMounts plus its termination message file, as bind mounts.
+
+        ``host_mount_points``: the container sees this machine's root, so missing
+        mount points are made there (a container from an image root makes its own)."""
         mounts: list[BindMount] = []
         for mount in container.get("volumeMounts") or []:
             name = str(mount["name"])
@@ -199,10 +208,13 @@ class PodVolumes:
                 source.mkdir(parents=True, exist_ok=True)
             mounts.append(BindMount(source, str(mount["mountPath"]), bool(mount.get("readOnly"))))
         path = str(container.get("terminationMessagePath") or "/dev/termination-log")
+        # As the kubelet makes it: any user the container runs as may write it.
         termination_log.touch()
+        termination_log.chmod(0o666)
         mounts.append(BindMount(termination_log, path))
-        for bind in mounts:
-            _ensure_mount_point(bind)
+        if host_mount_points:
+            for bind in mounts:
+                _ensure_mount_point(bind)
         return mounts
 
     def remove(self) -> None:

@@ -184,3 +184,12 @@ def test_envfrom_prefix_optional_and_invalid_names() -> None:
     ctx = PodContext(metadata={"name": "p", "labels": {"app": "a"}}, spec={}, pod_ip="127.0.0.3")
     env = container_env(container, ctx, ObjectStore(secrets={"s": {"K": "v", "not valid": "x"}}))
     assert env == {"P_K": "v", "X": "v!", "L": "a"}
+
+
+def test_a_secret_volume_without_items_holds_one_file_per_key(tmp_path: Path) -> None:
+    spec = {"volumes": [{"name": "certs", "secret": {"secretName": "tls"}}]}
+    pod = PodContext(metadata={"name": "p", "namespace": "n", "uid": "u"}, spec=spec, pod_ip="")
+    objects = ObjectStore(secrets={"tls": {"tls.crt": "CERT", "tls.key": "KEY"}})
+    volumes = PodVolumes.create(pod, tmp_path / "pod", tmp_path / "claims", objects, "u")
+    files = {p.name: p.read_text() for p in volumes.paths["certs"].iterdir()}
+    assert files == {"tls.crt": "CERT", "tls.key": "KEY"}

@@ -1,0 +1,5 @@
+import sys
+
+from tools.images.build import main
+
+sys.exit(main())
