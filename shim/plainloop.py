@@ -318,8 +318,8 @@ class PlainLoop:
         problem = None
         if objects.uncovered():
             problem = (
-                "an optimizer holds parameters of a module built before torch's import "
-                "or copied (copy.deepcopy), so the shim cannot tell which module to save"
+                "an optimizer holds parameters of no module the shim saw being built (a bare "
+                "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
         elif objects.sharded() is not None:
             problem = "%s shards its state across ranks (not covered yet)" % objects.sharded()
