@@ -235,9 +235,14 @@ def _loose_tensors(skip: Set[int], held: Set[int]) -> Loose:
     Tensors whose storage a module or optimizer holds (``held``) are saved with it.
     """
     loose: Loose = {}
+    looked: Dict[type, bool] = {}  # per class: may its instances hold such tensors?
     for obj in gc.get_objects():
         cls = type(obj)
-        if id(obj) in skip or programstate.has_state(cls) or not programstate.is_program_class(cls):
+        wanted = looked.get(cls)
+        if wanted is None:
+            wanted = not programstate.has_state(cls) and programstate.is_program_class(cls)
+            looked[cls] = wanted
+        if not wanted or id(obj) in skip:
             continue
         tensors = {
             key: (id(t), fingerprint.take(t))

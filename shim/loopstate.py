@@ -169,6 +169,46 @@ def _entries(objects: List[Any]) -> List[Dict[str, Any]]:
     return [{"class": type(o).__name__, "state": _plain(o.state_dict())} for o in objects]
 
 
+# What ``torch.load(weights_only=True)`` reads back, besides containers and tensors.
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _unreadable(value: Any) -> Optional[str]:
+    """The first type in ``value`` a weights-only load refuses (None: there is none)."""
+    import torch
+
+    if isinstance(value, (torch.Tensor, torch.dtype, torch.device, torch.Size, *_PLAIN_TYPES)):
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unreadable(key) or _unreadable(item)
+            if found:
+                return found
+        return None
+    if type(value) in (list, tuple, set, frozenset):
+        for item in value:
+            found = _unreadable(item)
+            if found:
+                return found
+        return None
+    return type(value).__name__
+
+
+def unsaveable(objects: Objects) -> Optional[str]:
+    """Why a state beside the training modules could not be read back (None: all can)."""
+    selection = objects.selection or extrastate.Selection()
+    named = [(n, o) for n, _, o in selection.modules + selection.objects]
+    named += [(type(o).__name__, o) for o in objects.registered]
+    for name, obj in named:
+        found = _unreadable(_plain(obj.state_dict()))
+        if found:
+            return (
+                "the state_dict() of %s holds a %s (only tensors, numbers, strings, "
+                "lists and dicts are read back safely)" % (name, found)
+            )
+    return None
+
+
 def _keyed_entries(found: extrastate.Keyed) -> List[Dict[str, Any]]:
     return [{"class": n, "index": i, "state": _plain(o.state_dict())} for n, i, o in found]
 

@@ -376,9 +376,7 @@ class PlainLoop:
         try:
             problem = _read_ahead(position.owner() if position.owner is not None else None)
             objects = loopstate.Objects()
-            assert self.extra is not None
-            objects.selection = self.extra.select(objects.modules, objects.all_modules)
-            problem = problem or objects.selection.problem
+            problem = problem or self._unsaved_state(objects)
             if dist.all_reduce_int(1 if problem else 0, maximum=True):
                 self._off(problem or "another rank cannot save its place or its state")
                 return
@@ -386,6 +384,16 @@ class PlainLoop:
         except Exception as exc:
             failed("the JIT checkpoint of the training loop", exc)
             self._off("its JIT checkpoint failed")
+
+    def _unsaved_state(self, objects: loopstate.Objects) -> Optional[str]:
+        """Choose the state saved beside the training modules; what of it cannot be saved."""
+        try:
+            assert self.extra is not None
+            objects.selection = self.extra.select(objects.modules, objects.all_modules)
+            return objects.selection.problem or loopstate.unsaveable(objects)
+        except Exception as exc:
+            failed("looking at the state beside the training modules", exc)
+            return "the shim's own error while looking at its state"
 
     def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
         assert self.run is not None

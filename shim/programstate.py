@@ -36,9 +36,16 @@ UNORDERED: Set[type] = set()  # the program's stateful classes without an ``__in
 _SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
 _PROGRAM_FILE: Dict[str, bool] = {}
 _INSTALLED: List[bool] = []
+_LIBRARY_DIRS: List[Tuple[str, ...]] = []
 
 
 def _library_dirs() -> Tuple[str, ...]:
+    if not _LIBRARY_DIRS:
+        _LIBRARY_DIRS.append(_find_library_dirs())
+    return _LIBRARY_DIRS[0]
+
+
+def _find_library_dirs() -> Tuple[str, ...]:
     paths = sysconfig.get_paths()
     found = {_SHIM_DIR}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):

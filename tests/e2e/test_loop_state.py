@@ -46,7 +46,7 @@ def saved_by_script(workdir: Path, name: str) -> tuple[Path, Path]:
 
 
 def assert_resumed_exactly(
-    summary: dict[str, Any], account: str, workdir: Path, files: list[str]
+    summary: dict[str, Any], account: str, workdir: Path, files: list[str], put_back: str
 ) -> None:
     context = f"{json.dumps(summary)[:3000]}\n{account[-3000:]}"
     for name in files:
@@ -60,27 +60,46 @@ def assert_resumed_exactly(
     assert saved["equal"] is True, context
     assert sorted(saved["files"]) == sorted(files), context
     assert "what the script saved" in account, account[-3000:]
+    # What each resumed rank put back beside its training modules, as its log says.
+    for log in summary["trainer_logs"]["resumed"]:
+        text = Path(log).read_text(errors="replace")
+        assert f"(and {put_back})" in text, text[-2000:]
 
 
 @pytest.mark.slow
 def test_ddp_loop_with_an_ema_resumes_its_ema_exactly(tmp_path: Path) -> None:
     summary, account = demo("loop_ema.py", tmp_path, step=13)  # 8 steps per epoch
-    assert_resumed_exactly(summary, account, tmp_path, ["ema.pt", "model.pt"])
-    assert "1 other module(s)" in "".join(
-        Path(log).read_text() for log in summary["trainer_logs"]["resumed"]
+    assert_resumed_exactly(
+        summary,
+        account,
+        tmp_path,
+        ["ema.pt", "model.pt"],
+        "1 other module(s), 0 object(s) of the program's, 0 registered object(s)",
     )
 
 
 @pytest.mark.slow
 def test_autocast_loop_resumes_its_grad_scaler_and_own_tracker(tmp_path: Path) -> None:
     summary, account = demo("loop_amp_stats.py", tmp_path, step=11)
-    assert_resumed_exactly(summary, account, tmp_path, ["final.pt"])
+    assert_resumed_exactly(
+        summary,
+        account,
+        tmp_path,
+        ["final.pt"],
+        "0 other module(s), 1 object(s) of the program's, 0 registered object(s)",
+    )
 
 
 @pytest.mark.slow
 def test_accelerate_registered_objects_are_checkpointed(tmp_path: Path) -> None:
     summary, account = demo("loop_accelerate_ema.py", tmp_path, step=10)
-    assert_resumed_exactly(summary, account, tmp_path, ["final.pt"])
+    assert_resumed_exactly(
+        summary,
+        account,
+        tmp_path,
+        ["final.pt"],
+        "0 other module(s), 0 object(s) of the program's, 2 registered object(s)",
+    )
 
 
 @pytest.mark.slow

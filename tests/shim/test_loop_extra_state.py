@@ -9,10 +9,13 @@ torch is imported, before the program's classes are defined.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
-from tests.shim.support import PYTHON, REPO
+import pytest
+
+from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, checkpoint_steps
 
 PRELUDE = """
 import copy, json, sys
@@ -163,3 +166,24 @@ print(json.dumps({
     loaded = run(tmp_path, body.replace("sys.argv[1]", "2").replace("sys.argv[2]", "'load'"))
     assert loaded == saved
     assert saved["n"] == 1 and saved["metrics"] == [1.5] and saved["tracker"] == [2.5]
+
+
+@pytest.mark.slow
+def test_an_ema_without_state_dict_gets_no_jit_checkpoint_and_sigterm_acts_as_before(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Resuming would restart the hand-kept EMA from the initial weights: never, say it."""
+    script = [PYTHON, str(REPO / "tests" / "e2e" / "scripts" / "loop_shadow_ema.py")]
+    stopped = spawn(
+        [*script, "--save-ema", str(tmp_path / "ema.pt")],
+        {**shim_env.env, "JITCKPT_DEMO_HOLD_AT_STEP": "3"},
+    )
+    stopped.wait_for("holding at step 3 ", timeout=300)
+    stopped.signal(signal.SIGTERM)
+    assert stopped.wait(timeout=300) == -signal.SIGTERM, stopped.output()[-3000:]
+    reasons = [
+        line for line in stopped.output().splitlines() if "cannot be resumed exactly" in line
+    ]
+    assert len(reasons) == 1, stopped.output()[-3000:]
+    assert "ShadowEMA.shadow['0.weight'], a tensor training changes" in reasons[0]
+    assert checkpoint_steps(shim_env.checkpoints) == []
