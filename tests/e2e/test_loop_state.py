@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,39 @@ def saved_by_script(workdir: Path, name: str) -> tuple[Path, Path]:
     return work / "reference" / "node-0" / name, work / "run-2" / "node-0" / name
 
 
-def assert_resumed_exactly(
-    summary: dict[str, Any], account: str, workdir: Path, files: list[str], put_back: str
-) -> None:
+@dataclass(frozen=True)
+class Story:
+    script: str
+    step: int  # mid-epoch: 8 steps per epoch on 2 nodes
+    files: tuple[str, ...]  # what rank 0 saves at the end
+    put_back: tuple[int, int, int]  # other modules, program objects, registered objects
+
+    @property
+    def resumed_line(self) -> str:
+        modules, objects, registered = self.put_back
+        return (
+            f"(and {modules} other module(s), {objects} object(s) of the program's, "
+            f"{registered} registered object(s))"
+        )
+
+
+STORIES = [
+    # DDP with an AveragedModel EMA (no optimizer holds it): the EMA is what gets deployed.
+    Story("loop_ema.py", 13, ("ema.pt", "model.pt"), (1, 0, 0)),
+    # bf16 autocast, a GradScaler growing its scale, a loss tracker of the script's own.
+    Story("loop_amp_stats.py", 11, ("final.pt",), (0, 1, 0)),
+    # Accelerate: an EMA and a metrics tracker registered for checkpointing.
+    Story("loop_accelerate_ema.py", 10, ("final.pt",), (0, 0, 2)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("story", STORIES, ids=[s.script for s in STORIES])
+def test_state_beside_the_model_resumes_exactly(story: Story, tmp_path: Path) -> None:
+    summary, account = demo(story.script, tmp_path, story.step)
     context = f"{json.dumps(summary)[:3000]}\n{account[-3000:]}"
-    for name in files:
-        reference, resumed = saved_by_script(workdir, name)
+    for name in story.files:
+        reference, resumed = saved_by_script(tmp_path, name)
         differing = compare_saved(reference, resumed)
         assert differing == [], f"{name}: {differing}\n{context}"
     assert summary["ok"] is True, context
@@ -58,48 +86,12 @@ def assert_resumed_exactly(
     assert summary["equal_to_uninterrupted"] is True, context
     saved = summary["saved_output"]
     assert saved["equal"] is True, context
-    assert sorted(saved["files"]) == sorted(files), context
+    assert saved["files"] == sorted(story.files), context
     assert "what the script saved" in account, account[-3000:]
     # What each resumed rank put back beside its training modules, as its log says.
     for log in summary["trainer_logs"]["resumed"]:
         text = Path(log).read_text(errors="replace")
-        assert f"(and {put_back})" in text, text[-2000:]
-
-
-@pytest.mark.slow
-def test_ddp_loop_with_an_ema_resumes_its_ema_exactly(tmp_path: Path) -> None:
-    summary, account = demo("loop_ema.py", tmp_path, step=13)  # 8 steps per epoch
-    assert_resumed_exactly(
-        summary,
-        account,
-        tmp_path,
-        ["ema.pt", "model.pt"],
-        "1 other module(s), 0 object(s) of the program's, 0 registered object(s)",
-    )
-
-
-@pytest.mark.slow
-def test_autocast_loop_resumes_its_grad_scaler_and_own_tracker(tmp_path: Path) -> None:
-    summary, account = demo("loop_amp_stats.py", tmp_path, step=11)
-    assert_resumed_exactly(
-        summary,
-        account,
-        tmp_path,
-        ["final.pt"],
-        "0 other module(s), 1 object(s) of the program's, 0 registered object(s)",
-    )
-
-
-@pytest.mark.slow
-def test_accelerate_registered_objects_are_checkpointed(tmp_path: Path) -> None:
-    summary, account = demo("loop_accelerate_ema.py", tmp_path, step=10)
-    assert_resumed_exactly(
-        summary,
-        account,
-        tmp_path,
-        ["final.pt"],
-        "0 other module(s), 0 object(s) of the program's, 2 registered object(s)",
-    )
+        assert story.resumed_line in text, text[-2000:]
 
 
 @pytest.mark.slow
