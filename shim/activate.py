@@ -24,6 +24,7 @@ LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 TORCH_DISTRIBUTED_MODULE = "torch.distributed"
 TORCH_MODULE = "torch"
 ACCELERATE_DATA_MODULE = "accelerate.data_loader"
+ACCELERATOR_MODULE = "accelerate.accelerator"
 # Where the save_pretrained a plain loop's final model may be written with is defined.
 SAVE_PRETRAINED_MODULES = ("transformers.modeling_utils", "transformers.tokenization_utils_base")
 
@@ -70,6 +71,11 @@ def _on_torch(config: ShimConfig) -> None:
 
         plainloop.install_accelerate(module)
 
+    def accelerator(module: ModuleType) -> None:
+        from . import plainloop
+
+        plainloop.install_accelerator(module)
+
     def save_pretrained(module: ModuleType) -> None:
         from . import finalsaves
 
@@ -77,6 +83,7 @@ def _on_torch(config: ShimConfig) -> None:
 
     when_imported(TORCH_MODULE, hook)
     when_imported(ACCELERATE_DATA_MODULE, accelerate)
+    when_imported(ACCELERATOR_MODULE, accelerator)
     for name in SAVE_PRETRAINED_MODULES:
         when_imported(name, save_pretrained)
 

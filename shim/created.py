@@ -65,3 +65,27 @@ def note_instances(cls: type, registry: Created) -> None:
     wrapper = make(original)
     setattr(wrapper, _PATCHED, True)
     cls.__init__ = wrapper  # type: ignore[misc]
+
+
+def note_copies(cls: type, registry: Created) -> None:
+    """Wrap ``cls.__setstate__`` so that copies land in ``registry`` too.
+
+    ``copy.deepcopy`` and unpickling build an object without ``__init__``
+    and hand it its state through ``__setstate__``: the usual EMA,
+    ``ema = copy.deepcopy(model)``, is created that way.
+    """
+    original = cls.__dict__.get("__setstate__")
+    if original is None or getattr(original, _PATCHED, False):
+        return
+
+    def make(setstate: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(setstate)
+        def __setstate__(self: Any, state: Any) -> None:
+            setstate(self, state)
+            registry.add(self)
+
+        return __setstate__
+
+    wrapper = make(original)
+    setattr(wrapper, _PATCHED, True)
+    cls.__setstate__ = wrapper  # type: ignore[attr-defined]

@@ -3,20 +3,27 @@
 The objects are those the program created (``created``, in creation order):
 the *training modules* (the outermost modules, DDP or Accelerate wrappers
 included, whose parameters an optimizer holds), every optimizer, LR scheduler
-and grad scaler. The same script creates them in the same order after a
-restart, which is how a saved one finds its counterpart.
+and grad scaler; beside them (``extrastate``) the other modules and the
+program's own stateful objects that training changed, and what an Accelerate
+script registered for checkpointing. The same script creates them in the
+same order after a restart, which is how a saved one finds its counterpart.
 
-Format 1, inside ``checkpoint-<step>/loop-state/``:
+Format 2, inside ``checkpoint-<step>/``:
 
-- ``rank-<R>.pt`` for each global rank R, written with ``torch.save``: a dict
-  of ``format``, ``step``, ``rank``, ``world_size``, ``modules`` /
-  ``optimizers`` / ``schedulers`` / ``scalers`` (lists of ``{"class",
-  "state"}`` with each object's ``state_dict()``), ``rng`` (the random states
-  at the save point) and ``loaders`` (each training loader's place, see
-  ``dataloaders``). Only tensors, lists, dicts, strings and numbers, so it
-  loads with ``torch.load(weights_only=True)``.
-- ``node-<K>.json``, written by node K's local rank 0 once every rank of the
-  node wrote its file: the mark that the node's part is complete.
+- ``loop-state/rank-<R>.pt`` for each global rank R, written with
+  ``torch.save``: a dict of ``format``, ``step``, ``rank``, ``world_size``,
+  ``modules`` / ``optimizers`` / ``schedulers`` / ``scalers`` (lists of
+  ``{"class", "state"}`` with each object's ``state_dict()``), ``others`` /
+  ``objects`` (``{"class", "index", "state"}``: the index-th of its class),
+  ``registered`` (``{"class", "state"}`` in registration order), ``rng``
+  (the random states at the save point) and ``loaders`` (each training
+  loader's place, see ``dataloaders``). Only tensors, lists, dicts, strings
+  and numbers, so it loads with ``torch.load(weights_only=True)``.
+- ``custom_checkpoint_<i>.pkl``: global rank 0's state of the i-th registered
+  object, where Accelerate's ``save_state`` puts it (its entry in rank 0's
+  file says ``"file": True`` instead of holding the state).
+- ``loop-state/node-<K>.json``, written by node K's local rank 0 once every
+  rank of the node wrote its file: the mark that the node's part is complete.
 
 Every rank saves its whole state; with DDP that is one copy of the model per
 rank (simple, and any rank restores from its own file alone).
@@ -29,10 +36,12 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from .created import Created, note_instances
+from . import extrastate, programstate
+from .created import Created, note_copies, note_instances
 
-FORMAT = 1
+FORMAT = 2
 STATE_DIR = "loop-state"
+REGISTERED_FILE = "custom_checkpoint_%d.pkl"  # Accelerate's name (accelerate.checkpointing)
 
 MODULES = Created()
 OPTIMIZERS = Created()
@@ -46,9 +55,27 @@ _SHARDED = ("torch.distributed.fsdp", "deepspeed", "torch.distributed._composabl
 def install(torch: Any) -> None:
     """Note every module, optimizer, scheduler and scaler the program creates from now on."""
     note_instances(torch.nn.Module, MODULES)
+    note_copies(torch.nn.Module, MODULES)
     note_instances(torch.optim.Optimizer, OPTIMIZERS)
     note_instances(torch.optim.lr_scheduler.LRScheduler, SCHEDULERS)
     note_instances(torch.amp.GradScaler, SCALERS)
+    programstate.install(
+        (
+            torch.nn.Module,
+            torch.optim.Optimizer,
+            torch.optim.lr_scheduler.LRScheduler,
+            torch.amp.GradScaler,
+        )
+    )
+
+
+def install_accelerate(module: Any) -> None:
+    """Note Accelerate's ``Accelerator``s (hook on ``accelerate.accelerator``)."""
+    cls = getattr(module, "Accelerator", None)
+    if isinstance(cls, type) and not extrastate.ACCELERATORS:
+        registry = Created()
+        note_instances(cls, registry)
+        extrastate.ACCELERATORS.append(registry)
 
 
 def rank_file(directory: str, rank: int) -> str:
@@ -63,11 +90,24 @@ def node_marker(node: int) -> str:
 class Objects:
     """The training objects alive in this process now."""
 
-    def __init__(self) -> None:
+    def __init__(self, selection: Optional[extrastate.Selection] = None) -> None:
         self.optimizers = OPTIMIZERS.alive()
-        self.modules = training_modules(MODULES.alive(), self.optimizers)
+        self.all_modules = MODULES.alive()
+        self.modules = training_modules(self.all_modules, self.optimizers)
         self.schedulers = SCHEDULERS.alive()
         self.scalers = SCALERS.alive()
+        self.registered = extrastate.registered_objects()
+        self.selection = selection  # what to save beside them (None: nothing)
+
+    def others(self) -> extrastate.Keyed:
+        """Every other module that may be the counterpart of a saved one."""
+        skip = {id(o) for o in self.registered}
+        return extrastate.keyed(extrastate.other_modules(self.all_modules, self.modules, skip))
+
+    def objects(self) -> extrastate.Keyed:
+        """Every stateful object of the program's that may be the counterpart of a saved one."""
+        skip = {id(o) for o in self.registered}
+        return extrastate.keyed(extrastate.program_objects(skip)[0])
 
     def uncovered(self) -> int:
         """How many parameters the optimizers hold that no training module holds."""
@@ -129,8 +169,53 @@ def _entries(objects: List[Any]) -> List[Dict[str, Any]]:
     return [{"class": type(o).__name__, "state": _plain(o.state_dict())} for o in objects]
 
 
+# What ``torch.load(weights_only=True)`` reads back, besides containers and tensors.
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _unreadable(value: Any) -> Optional[str]:
+    """The first type in ``value`` a weights-only load refuses (None: there is none)."""
+    import torch
+
+    if isinstance(value, (torch.Tensor, torch.dtype, torch.device, torch.Size, *_PLAIN_TYPES)):
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unreadable(key) or _unreadable(item)
+            if found:
+                return found
+        return None
+    if type(value) in (list, tuple, set, frozenset):
+        for item in value:
+            found = _unreadable(item)
+            if found:
+                return found
+        return None
+    return type(value).__name__
+
+
+def unsaveable(objects: Objects) -> Optional[str]:
+    """Why a state beside the training modules could not be read back (None: all can)."""
+    selection = objects.selection or extrastate.Selection()
+    named = [(n, o) for n, _, o in selection.modules + selection.objects]
+    named += [(type(o).__name__, o) for o in objects.registered]
+    for name, obj in named:
+        found = _unreadable(_plain(obj.state_dict()))
+        if found:
+            return (
+                "the state_dict() of %s holds a %s (only tensors, numbers, strings, "
+                "lists and dicts are read back safely)" % (name, found)
+            )
+    return None
+
+
+def _keyed_entries(found: extrastate.Keyed) -> List[Dict[str, Any]]:
+    return [{"class": n, "index": i, "state": _plain(o.state_dict())} for n, i, o in found]
+
+
 def collect(objects: Objects, step: int, rank: int, world_size: int) -> Dict[str, Any]:
     """This rank's state (random states and loaders are added by the caller)."""
+    selection = objects.selection or extrastate.Selection()
     return {
         "format": FORMAT,
         "step": step,
@@ -140,18 +225,32 @@ def collect(objects: Objects, step: int, rank: int, world_size: int) -> Dict[str
         "optimizers": _entries(objects.optimizers),
         "schedulers": _entries(objects.schedulers),
         "scalers": _entries(objects.scalers),
+        "others": _keyed_entries(selection.modules),
+        "objects": _keyed_entries(selection.objects),
+        "registered": _entries(objects.registered),
     }
 
 
-def write(directory: str, rank: int, payload: Dict[str, Any]) -> None:
-    """This rank's file, complete or absent (written aside, then renamed)."""
+def _save(payload: Any, path: str) -> None:
+    """``path`` complete or absent (written aside, then renamed)."""
     import torch
 
-    path = rank_file(directory, rank)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = "%s.tmp-%d" % (path, os.getpid())
     torch.save(payload, temporary)
     os.replace(temporary, path)
+
+
+def write(directory: str, rank: int, payload: Dict[str, Any]) -> None:
+    """This rank's file; global rank 0's registered states in Accelerate's files beside it."""
+    path = rank_file(directory, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if rank == 0:
+        entries = []
+        for index, entry in enumerate(payload["registered"]):
+            _save(entry["state"], os.path.join(directory, REGISTERED_FILE % index))
+            entries.append({"class": entry["class"], "file": True})
+        payload = dict(payload, registered=entries)
+    _save(payload, path)
 
 
 def write_marker(directory: str, node: int, step: int, world_size: int) -> None:
@@ -170,7 +269,13 @@ def read(directory: str, rank: int) -> Optional[Dict[str, Any]]:
     if not os.path.isfile(path):
         return None
     loaded = torch.load(path, map_location="cpu", weights_only=True)
-    return loaded if isinstance(loaded, dict) else None
+    if not isinstance(loaded, dict) or loaded.get("format") != FORMAT:
+        return loaded if isinstance(loaded, dict) else None
+    for index, entry in enumerate(loaded["registered"]):
+        if entry.get("file") is True:  # the name is ours, never one read from the file
+            name = os.path.join(directory, REGISTERED_FILE % index)
+            entry["state"] = torch.load(name, map_location="cpu", weights_only=True)
+    return loaded
 
 
 def unusable(saved: Dict[str, Any], step: int, rank: int, world_size: int) -> Optional[str]:
@@ -188,7 +293,7 @@ def unusable(saved: Dict[str, Any], step: int, rank: int, world_size: int) -> Op
 
 
 def _shapes(module: Any) -> Dict[str, Any]:
-    return {key: tuple(value.shape) for key, value in module.state_dict().items()}
+    return _state_shapes(module.state_dict())
 
 
 def _group_sizes(groups: List[Dict[str, Any]]) -> List[int]:
@@ -198,14 +303,17 @@ def _group_sizes(groups: List[Dict[str, Any]]) -> List[int]:
 def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optional[str]:
     """Why ``objects`` are not the ones ``saved`` holds (None: they are).
 
-    Not ``complete``: before the loop, objects not created yet are not missing.
+    Not ``complete``: before the loop, objects not created yet are not missing
+    (and the other modules, objects and registered ones are not looked at).
     """
-    pairs = (
+    pairs = [
         ("training module", saved["modules"], objects.modules),
         ("optimizer", saved["optimizers"], objects.optimizers),
         ("LR scheduler", saved["schedulers"], objects.schedulers),
         ("grad scaler", saved["scalers"], objects.scalers),
-    )
+    ]
+    if complete:
+        pairs.append(("registered object", saved["registered"], objects.registered))
     for kind, entries, current in pairs:
         if len(current) > len(entries) or (complete and len(current) != len(entries)):
             return "%d %s(s) now, %d in the checkpoint" % (len(current), kind, len(entries))
@@ -218,8 +326,7 @@ def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optiona
                     entry["class"],
                 )
     for index, (entry, module) in enumerate(zip(saved["modules"], objects.modules)):
-        shapes = {key: tuple(value.shape) for key, value in entry["state"].items()}
-        if shapes != _shapes(module):
+        if _state_shapes(entry["state"]) != _shapes(module):
             return "training module #%d (%s) has other parameters or shapes" % (
                 index,
                 entry["class"],
@@ -227,11 +334,34 @@ def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optiona
     for index, (entry, optimizer) in enumerate(zip(saved["optimizers"], objects.optimizers)):
         if _group_sizes(entry["state"]["param_groups"]) != _group_sizes(optimizer.param_groups):
             return "optimizer #%d has other parameter groups" % index
+    return _missing_counterpart(saved, objects) if complete else None
+
+
+def _state_shapes(state: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: tuple(getattr(value, "shape", ())) for key, value in state.items()}
+
+
+def _missing_counterpart(saved: Dict[str, Any], objects: Objects) -> Optional[str]:
+    """Why a saved other module or object has no counterpart here (None: each has)."""
+    for kind, entries, keys in (
+        ("module", saved["others"], objects.others()),
+        ("object", saved["objects"], objects.objects()),
+    ):
+        for entry in entries:
+            found = extrastate.find(keys, entry["class"], entry["index"])
+            if found is None:
+                return "no %s #%d of class %s here" % (kind, entry["index"], entry["class"])
+            if kind == "module" and _state_shapes(entry["state"]) != _shapes(found):
+                return "%s #%d has other parameters or shapes" % (entry["class"], entry["index"])
     return None
 
 
-def apply(saved: Dict[str, Any], objects: Objects) -> None:
-    """Load the saved states into the objects that exist (in the order they were created)."""
+def apply(saved: Dict[str, Any], objects: Objects, complete: bool) -> List[Any]:
+    """Load the saved states into the objects that exist (in the order they were created).
+
+    ``complete`` (at the resume point): the other modules, objects and registered
+    ones too. Returns the other modules and objects loaded.
+    """
     for entry, module in zip(saved["modules"], objects.modules):
         module.load_state_dict(entry["state"])
     for entry, optimizer in zip(saved["optimizers"], objects.optimizers):
@@ -241,3 +371,16 @@ def apply(saved: Dict[str, Any], objects: Objects) -> None:
     for entry, scaler in zip(saved["scalers"], objects.scalers):
         if entry["state"]:
             scaler.load_state_dict(entry["state"])
+    if not complete:
+        return []
+    for entry, obj in zip(saved["registered"], objects.registered):
+        obj.load_state_dict(entry["state"])
+    loaded = []
+    pairs = ((saved["others"], objects.others()), (saved["objects"], objects.objects()))
+    for entries, keys in pairs:
+        for entry in entries:
+            obj = extrastate.find(keys, entry["class"], entry["index"])
+            if obj is not None:
+                obj.load_state_dict(entry["state"])
+                loaded.append(obj)
+    return loaded

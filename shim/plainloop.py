@@ -35,7 +35,17 @@ import time
 import weakref
 from typing import Any, Dict, Optional
 
-from . import claim, dataloaders, dist, finalsaves, loopstate, pids, rngstate, watcher
+from . import (
+    claim,
+    dataloaders,
+    dist,
+    extrastate,
+    finalsaves,
+    loopstate,
+    pids,
+    rngstate,
+    watcher,
+)
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .exitstatus import STATUS
@@ -93,6 +103,8 @@ class PlainLoop:
         self._gave_up = False
         self.pid = os.getpid()  # forked DataLoader workers inherit the hooks, never act on them
         self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
+        self.extra: Optional[extrastate.Watch] = None  # the state beyond the training modules
+        self._put_back: list = []  # other modules and objects loaded at the resume point
         # Demo only: the modules whose final weights it asked for, kept alive until exit.
         self._final_modules: list = []
 
@@ -193,7 +205,7 @@ class PlainLoop:
             self.cannot_resume(reason)
             return
         self.resume.early = True  # from here on, starting over would start from the wrong state
-        loopstate.apply(self.resume.saved, objects)
+        loopstate.apply(self.resume.saved, objects, complete=False)
 
     def cannot_resume(self, reason: str) -> None:
         """The checkpoint does not fit this program: start over, or stop if it is too late."""
@@ -248,16 +260,18 @@ class PlainLoop:
         reason = loopstate.mismatch(resume.saved, objects, complete=True)
         if reason is not None:
             self._fatal(reason)
-        loopstate.apply(resume.saved, objects)
+        self._put_back = loopstate.apply(resume.saved, objects, complete=True)
         rngstate.restore(resume.saved["rng"])
         resume.done = True
         self.base_step = resume.step
+        counts = tuple(len(resume.saved[key]) for key in ("others", "objects", "registered"))
         resume.saved = {}
         self._remove_forward_hook()
         where = position.track.current or position
         say(
-            "resumed at step %d: DataLoader #%d, pass %d, after batch %d"
-            % (resume.step, where.track.index, where.iteration, where.yielded)
+            "resumed at step %d: DataLoader #%d, pass %d, after batch %d (and %d other "
+            "module(s), %d object(s) of the program's, %d registered object(s))"
+            % (resume.step, where.track.index, where.iteration, where.yielded, *counts)
         )
 
     # -- the step boundary ---------------------------------------------------------
@@ -304,14 +318,17 @@ class PlainLoop:
         problem = None
         if objects.uncovered():
             problem = (
-                "an optimizer holds parameters of a module built before torch's import "
-                "or copied (copy.deepcopy), so the shim cannot tell which module to save"
+                "an optimizer holds parameters of no module the shim saw being built (a bare "
+                "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
         elif objects.sharded() is not None:
             problem = "%s shards its state across ranks (not covered yet)" % objects.sharded()
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             self._off(problem or "another rank cannot follow it")
             return
+        self.extra = extrastate.Watch(objects.modules, objects.all_modules, objects.optimizers)
+        self.extra.put_back(self._put_back)
+        self._put_back = []
         self.lead = weakref.ref(optimizer)
         self.state = FOLLOWING
         if self.config.demo_final_weights is not None:
@@ -321,9 +338,18 @@ class PlainLoop:
         FLAG.armed = self.config.jit
         say_once(
             "plainloop",
-            "following this training loop: %d module(s), %d optimizer(s), %d LR scheduler(s); "
+            "following this training loop: %d module(s), %d optimizer(s), %d LR scheduler(s), "
+            "%d grad scaler(s), %d registered object(s), and %d other module(s) and %d "
+            "object(s) of the program's with a state (saved if training changes them); "
             "SIGTERM saves at the next step"
-            % (len(objects.modules), len(objects.optimizers), len(objects.schedulers)),
+            % (
+                len(objects.modules),
+                len(objects.optimizers),
+                len(objects.schedulers),
+                len(objects.scalers),
+                len(objects.registered),
+                *self.extra.count(),
+            ),
         )
 
     def _problem_at_step(self) -> Optional[str]:
@@ -349,21 +375,33 @@ class PlainLoop:
         self.stop_pending = False
         try:
             problem = _read_ahead(position.owner() if position.owner is not None else None)
+            objects = loopstate.Objects()
+            problem = problem or self._unsaved_state(objects)
             if dist.all_reduce_int(1 if problem else 0, maximum=True):
-                self._off(problem or "another rank cannot save its place")
+                self._off(problem or "another rank cannot save its place or its state")
                 return
-            self._write_and_exit(position)
+            self._write_and_exit(position, objects)
         except Exception as exc:
             failed("the JIT checkpoint of the training loop", exc)
             self._off("its JIT checkpoint failed")
 
-    def _write_and_exit(self, position: dataloaders.Position) -> None:
+    def _unsaved_state(self, objects: loopstate.Objects) -> Optional[str]:
+        """Choose the state saved beside the training modules; what of it cannot be saved."""
+        try:
+            assert self.extra is not None
+            objects.selection = self.extra.select(objects.modules, objects.all_modules)
+            return objects.selection.problem or loopstate.unsaveable(objects)
+        except Exception as exc:
+            failed("looking at the state beside the training modules", exc)
+            return "the shim's own error while looking at its state"
+
+    def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
         assert self.run is not None
         watcher.stop()  # it must not stage our directory as the program's own
         ranks = dist.ranks()
         step = self.step
         directory = self.run.checkpoint_path(step)
-        payload = loopstate.collect(loopstate.Objects(), step, ranks["rank"], ranks["world_size"])
+        payload = loopstate.collect(objects, step, ranks["rank"], ranks["world_size"])
         payload["rng"] = rngstate.capture()
         payload["loaders"] = dataloaders.TRACKER.snapshot(position)
         loopstate.write(directory, ranks["rank"], payload)
@@ -540,3 +578,9 @@ def install(torch: Any, config: ShimConfig) -> None:
 def install_accelerate(module: Any) -> None:
     if _LOOP:
         dataloaders.install_accelerate(module)
+
+
+def install_accelerator(module: Any) -> None:
+    """Note Accelerate's ``Accelerator``s: what they hold for checkpointing is saved."""
+    if _LOOP:
+        loopstate.install_accelerate(module)

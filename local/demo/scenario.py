@@ -15,6 +15,11 @@ user's env would (the webhook never sets them); the shim reads them:
   own name, injected too, never preempted) get ``JITCKPT_DEMO_FINAL_WEIGHTS``:
   rank 0's shim writes the trained model's state dict there at the normal end
   of training, so the script needs no flag for it.
+
+``--compare`` then judges both what the shim captured (those weights) and
+what the script itself saved at its end, as each job's sidecar uploaded it to
+``final/`` (``saved``): a resumed run whose weights match but whose saved EMA,
+tracker or counter does not is not "the same result".
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from local.demo.destination import Destination
 from local.demo.jobpods import JobSpec
 from local.demo.jobrun import JobRun
 from local.demo.narrate import Narrator
+from local.demo.saved import SavedComparison, compare_runs
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
 from local.podrunner import ImageRoot, Node, ObjectStore
@@ -103,6 +109,10 @@ class Scenario:
             args += ["--output-dir", str(self.workdir / "output" / run)]
             args += ["--max-steps", str(self.options.max_steps)]
         return ["torchrun", str(script), *args]
+
+    @property
+    def reference_name(self) -> str:
+        return f"{self.options.job_name}-reference"
 
     def job(self, run: str, name: str, env: dict[str, str]) -> JobSpec:
         """Job ``name`` for ``run``; each of its pods starts in a working directory of its own."""
@@ -232,7 +242,7 @@ def start_reference(s: Scenario, weights: Path) -> JobRun:
     It is injected like the others (the shim writes its final weights), under a
     name of its own: its own job root, port and pods, so it runs alongside the
     preempted job and restores nothing of it."""
-    name = f"{s.options.job_name}-reference"
+    name = s.reference_name
     s.narrator.say(f"uninterrupted run (job {name}, never preempted): starting")
     job = s.job("reference", name, {ENV_DEMO_FINAL_WEIGHTS: str(weights)})
     return s.run(job, narrate_status=False).start()  # its progress would read as run 1's
@@ -380,6 +390,7 @@ def story(s: Scenario) -> dict[str, Any]:
     if reference is not None:
         finish_reference(s, reference)
     equal = compare(s, resumed_weights, reference_weights) if o.compare else None
+    saved = compare_saved_output(s) if reference is not None else None
 
     trainer_codes = first.exit_codes()
     jit_step = judged.jit_step
@@ -402,6 +413,8 @@ def story(s: Scenario) -> dict[str, Any]:
         checks["uninterrupted run finished"] = all(c == 0 for c in reference.exit_codes())
     if o.compare:
         checks["equal to uninterrupted"] = equal is True
+    if saved is not None:
+        checks["what the script saved equals the uninterrupted run's"] = saved.equal is True
     ok = all(checks.values())
     failed = [name for name, passed in checks.items() if not passed]
     if ok:
@@ -427,6 +440,7 @@ def story(s: Scenario) -> dict[str, Any]:
         "max_steps": max_steps,
         "final_exit_codes": final_codes,
         "equal_to_uninterrupted": equal,
+        "saved_output": saved.summary() if saved is not None else None,
         "destination": s.job_root,
         "final_model": model,
         "termination_messages": [d.get("message") for d in judged.docs],
@@ -496,6 +510,21 @@ def compare(s: Scenario, resumed: Path, reference: Path) -> bool:
         )
     s.narrator.say(f"final weights, resumed vs uninterrupted: {detail}")
     return equal
+
+
+def compare_saved_output(s: Scenario) -> SavedComparison:
+    """What the script saved at the end of the resumed run and of the uninterrupted one."""
+    where = s.workdir / "final"
+
+    def side(name: str, run: str) -> tuple[Any, Path]:
+        root = job_root(s.destination.uri, NAMESPACE, name)
+        return (lambda: s.destination.open_store(root, s.node)), where / run
+
+    comparison = compare_runs(
+        side(s.options.job_name, "resumed"), side(s.reference_name, "uninterrupted")
+    )
+    s.narrator.say(f"what the script saved (final/), resumed vs uninterrupted: {comparison.detail}")
+    return comparison
 
 
 def _trainer_env_names(spec: dict[str, Any]) -> list[str]:
