@@ -8,6 +8,11 @@ checked against its size and CRC32C), so the demo downloads both and compares
 them file by file (``weights.compare_saved``): the runs must have saved the
 same files, equal tensor by tensor and value by value (byte for byte for
 files that are neither ``torch.save`` archives nor safetensors).
+
+One file is left out, and named as left out: HF's ``training_args.bin``, a
+pickle of the Trainer's arguments, which hold the run's paths and times (its
+``output_dir``, its ``logging_dir``), so two runs differ there by nature, and
+which holds nothing training produced.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from local.demo.weights import WHOLE_FILE, compare_saved
 from sidecar import final
 from sidecar.storage.base import Store
 
+# Files that describe a run rather than hold its result, by name: why each is not compared.
+NOT_RESULTS = {"training_args.bin": "HF Trainer's arguments (the run's paths and times)"}
+
 
 @dataclass
 class SavedComparison:
@@ -31,6 +39,7 @@ class SavedComparison:
     detail: str
     files: list[str] = field(default_factory=list)
     differing: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # saved, but not a result: not compared
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -38,6 +47,7 @@ class SavedComparison:
             "detail": self.detail,
             "files": self.files,
             "differing": self.differing,
+            "not_compared": self.skipped,
         }
 
 
@@ -85,14 +95,23 @@ def compare_runs(resumed: tuple[Any, Path], reference: tuple[Any, Path]) -> Save
     if got is None or want is None:
         which = "resumed" if got is None else "uninterrupted"
         return SavedComparison(False, f"the {which} run saved nothing to final/")
-    differing = [f"{name} (in one run only)" for name in sorted(set(got) ^ set(want))]
-    for name in sorted(set(got) & set(want)):
+    skipped = sorted(n for n in set(got) | set(want) if n.rsplit("/", 1)[-1] in NOT_RESULTS)
+    differing = [
+        f"{name} (in one run only)" for name in sorted(set(got) ^ set(want)) if name not in skipped
+    ]
+    for name in sorted(set(got) & set(want) - set(skipped)):
         for where in compare_saved(reference[1] / name, resumed[1] / name):
             differing.append(name if where == WHOLE_FILE else f"{name}: {where}")
-    files = sorted(set(got) | set(want))
+    files = sorted((set(got) | set(want)) - set(skipped))
+    left_out = "".join(
+        f"; not compared: {name}, {NOT_RESULTS[name.rsplit('/', 1)[-1]]}" for name in skipped
+    )
     if differing:
         shown = ", ".join(differing[:5]) + (" ..." if len(differing) > 5 else "")
-        return SavedComparison(False, f"differ in {shown}", files, differing)
+        return SavedComparison(False, f"differ in {shown}{left_out}", files, differing, skipped)
     return SavedComparison(
-        True, f"{', '.join(files)}: equal tensor by tensor and value by value", files
+        True,
+        f"{', '.join(files)}: equal tensor by tensor and value by value{left_out}",
+        files,
+        skipped=skipped,
     )
