@@ -54,6 +54,8 @@ class AgentState:
     progress: dict[str, object] | None = None
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     last_error: str | None = None
+    # The restored checkpoint, set aside because resumes from it failed: step and reason.
+    set_aside: dict[str, object] | None = None
     # Staged checkpoints dropped unuploaded because a newer one superseded them (newest last).
     superseded: deque[dict[str, object]] = field(
         default_factory=lambda: deque(maxlen=MAX_SUPERSEDED)
@@ -80,6 +82,7 @@ class AgentState:
             "nnodes": cfg.nnodes,
             "restored": self.restored,
             "restore_skipped": self.restore_skipped,
+            "set_aside": self.set_aside,
             "last_committed": asdict(self.last_committed) if self.last_committed else None,
             "committed_count": len(self.committed),
             "final": asdict(self.final) if self.final else None,

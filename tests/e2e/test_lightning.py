@@ -13,7 +13,11 @@ weights bitwise with a run never preempted:
 - one node with periodic saves every 5 steps, preempted between two of them:
   the periodic checkpoints are in the store (but those the JIT commit superseded
   before their upload ended, which the sidecar's log must name) and the resume is
-  from the JIT one.
+  from the JIT one;
+- two nodes, one pod preempted, a script whose every step reads the validation
+  metric (``scripts/train_lightning_plateau.py``): the resumed run ends with the
+  same weights and the same scheduler, ``ModelCheckpoint``, ``EarlyStopping``
+  and metric state as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ EPOCH_STEPS = 12  # 96 samples in batches of 8
 MID_EPOCH = [s for s in range(3, MAX_STEPS - 2) if s % EPOCH_STEPS]
 
 
-def demo(tmp_path: Path, *args: str) -> dict[str, Any]:
-    """``jitckpt demo --script train_lightning.py --compare --json ARGS``: its summary."""
-    command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json"]
+def demo(tmp_path: Path, *args: str, script: Path = SCRIPT) -> dict[str, Any]:
+    """``jitckpt demo --script SCRIPT --compare --json ARGS``: its summary."""
+    command = [str(JITCKPT), "demo", "--script", str(script), "--compare", "--json"]
     command += ["--workdir", str(tmp_path / "demo"), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=500, check=False)
     lines = done.stdout.splitlines()
@@ -146,3 +150,40 @@ def test_periodic_checkpoints_uploaded_and_a_stop_between_resumes_from_the_jit_o
     # What the script saved after fit() (trainer.save_checkpoint) is the final model.
     assert document["final"] is not None and document["final"]["state"] == "valid", document
     assert document["final"]["step"] == MAX_STEPS
+
+
+PLATEAU_SCRIPT = SCRIPT.with_name("train_lightning_plateau.py")
+# Its validation runs every 3 steps (6 batches, 2 accumulated per step); a stop
+# between two validations resumes into steps that read val_loss before the next.
+BETWEEN_VALIDATIONS = list(range(4, MAX_STEPS - 2, 3))
+FINAL_STATE = "final state: "
+
+
+def final_states(logs: list[str]) -> list[str]:
+    """The ``final state:`` lines rank 0 printed (node 0's log)."""
+    text = Path(logs[0]).read_text(errors="replace")
+    return [line for line in text.splitlines() if line.startswith(FINAL_STATE)]
+
+
+@pytest.mark.slow
+def test_steps_reading_the_validation_metric_resume_bitwise(tmp_path: Path) -> None:
+    step = random.Random(2808).choice(BETWEEN_VALIDATIONS)
+    print(f"seed 2808: preempting at step {step}", file=sys.stderr)
+    shared = tmp_path / "shared"
+    summary = demo(
+        tmp_path,
+        "--keep",
+        "--preempt-at-step",
+        str(step),
+        "--preempt-nodes",
+        "one",
+        "--",
+        "--checkpoint-root",
+        str(shared),
+        script=PLATEAU_SCRIPT,
+    )
+    assert_preempted_and_resumed(summary, step, 2)
+    resumed, uninterrupted = (
+        final_states(summary["trainer_logs"][k]) for k in ("resumed", "uninterrupted")
+    )
+    assert len(resumed) == 1 and resumed == uninterrupted, (resumed, uninterrupted)

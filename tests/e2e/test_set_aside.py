@@ -1,0 +1,76 @@
+"""A resume that cannot work is set aside: the job ends as it would without jitckpt.
+
+``scripts/train_lightning_bad_resume.py`` raises on every resume (its
+checkpoint hooks disagree), before its first step. Two nodes, one pod
+preempted; the demo starts the job's pods again after each run whose trainer
+failed, as a restart policy would. Runs 2 and 3 resume from the JIT checkpoint
+and fail; the sidecars set it aside, said once each; run 4 starts fresh (no
+older checkpoint) and ends with the weights of the uninterrupted run. The
+demo's verdict fails, naming each failed trainer's run and step, and
+``jitckpt ls`` lists the checkpoint as set aside, with the reason.
+
+The other side of the rule (an error after the first step is the training's
+own, never the checkpoint's) is in ``tests/sidecar/test_setaside.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("scripts") / "train_lightning_bad_resume.py"
+JITCKPT = Path(sys.executable).with_name("jitckpt")
+MAX_STEPS = 30
+PREEMPT_AT = 5  # mid-epoch (8 steps an epoch)
+
+
+@pytest.mark.slow
+def test_a_resume_that_always_fails_is_set_aside_and_the_job_ends_as_without_it(
+    tmp_path: Path, s3_bucket: str
+) -> None:
+    command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json", "--keep"]
+    command += ["--workdir", str(tmp_path / "demo"), "--preempt-nodes", "one"]
+    command += ["--preempt-at-step", str(PREEMPT_AT), "--restarts", "3"]
+    command += ["--destination", f"s3://{s3_bucket}/bad-resume"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
+    summary = json.loads(lines[0])
+    assert done.returncode == 1 and summary["ok"] is False
+    assert summary["failed_checks"] == ["no resumed trainer failed"], summary
+    jit = summary["jit_checkpoint_step"]
+    runs = summary["resumed_runs"]
+    # Two failed resumes from the JIT checkpoint, then a fresh start: no crash loop.
+    assert [r["restored_step"] for r in runs] == [jit, jit, None], runs
+    assert [r["exit_codes"] for r in runs] == [[1, 1], [1, 1], [0, 0]], runs
+    for run in runs[:2]:
+        assert len(run["failures"]) == 2
+        assert all(f"before its first step (resumed from step {jit})" in f for f in run["failures"])
+        assert all(f"run {run['run']}: the trainer of " in f for f in run["failures"])
+    assert summary["failed_trainers"] == runs[0]["failures"] + runs[1]["failures"]
+    assert not runs[0]["set_aside"]
+    assert [m["step"] for m in runs[1]["set_aside"]] == [jit, jit]
+    for log in runs[1]["sidecar_logs"]:  # said once by each node's sidecar
+        assert Path(log).read_text().count(f"checkpoint-{jit} set aside (") == 1
+    for log in runs[2]["sidecar_logs"]:
+        assert f"skipping checkpoint-{jit}: set aside: a trainer resumed from it" in (
+            Path(log).read_text()
+        )
+    assert summary["final_exit_codes"] == [0, 0] and summary["final_step"] == MAX_STEPS
+    assert summary["equal_to_uninterrupted"] is True
+
+    listing = subprocess.run(
+        [str(JITCKPT), "ls", summary["destination"], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    rows = {row["step"]: row for row in json.loads(listing.stdout)["checkpoints"]}
+    assert rows[jit]["state"] == "set-aside", rows
+    assert "exited with code 1 before completing a step, 2 times in a row" in rows[jit]["reason"]
+    assert listing.returncode == 1  # no valid checkpoint left to restore: said by the exit code
