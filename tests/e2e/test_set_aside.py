@@ -17,26 +17,33 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.support import JITCKPT, jitckpt_ls
+
 SCRIPT = Path(__file__).with_name("scripts") / "train_lightning_bad_resume.py"
-JITCKPT = Path(sys.executable).with_name("jitckpt")
-MAX_STEPS = 30
+MAX_STEPS = 12
 PREEMPT_AT = 5  # mid-epoch (8 steps an epoch)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # five runs of two pods: the uninterrupted one, then 1 to 4
 def test_a_resume_that_always_fails_is_set_aside_and_the_job_ends_as_without_it(
     tmp_path: Path, s3_bucket: str
 ) -> None:
     command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json", "--keep"]
     command += ["--workdir", str(tmp_path / "demo"), "--preempt-nodes", "one"]
     command += ["--preempt-at-step", str(PREEMPT_AT), "--restarts", "3"]
-    command += ["--destination", f"s3://{s3_bucket}/bad-resume"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    command += [
+        "--destination",
+        f"s3://{s3_bucket}/bad-resume",
+        "--",
+        "--max-steps",
+        str(MAX_STEPS),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1400, check=False)
     lines = done.stdout.splitlines()
     assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
     summary = json.loads(lines[0])
@@ -63,14 +70,8 @@ def test_a_resume_that_always_fails_is_set_aside_and_the_job_ends_as_without_it(
     assert summary["final_exit_codes"] == [0, 0] and summary["final_step"] == MAX_STEPS
     assert summary["equal_to_uninterrupted"] is True
 
-    listing = subprocess.run(
-        [str(JITCKPT), "ls", summary["destination"], "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    rows = {row["step"]: row for row in json.loads(listing.stdout)["checkpoints"]}
+    code, document = jitckpt_ls(summary["destination"])
+    rows = {row["step"]: row for row in document["checkpoints"]}
     assert rows[jit]["state"] == "set-aside", rows
     assert "exited with code 1 before completing a step, 2 times in a row" in rows[jit]["reason"]
-    assert listing.returncode == 1  # no valid checkpoint left to restore: said by the exit code
+    assert code == 1  # no valid checkpoint left to restore: said by the exit code

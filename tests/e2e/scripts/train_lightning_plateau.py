@@ -38,12 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint-root", default="lightning-checkpoints")
     parser.add_argument("--max-steps", type=int, default=30)
-    nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    parser.add_argument("--num-nodes", type=int, default=nodes)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument(
-        "--package", choices=["lightning", "pytorch_lightning"], default="lightning"
-    )
+    parser.add_argument("--pytorch-lightning", action="store_true", help="the older import name")
     return parser.parse_args()
 
 
@@ -68,7 +63,9 @@ def exact(value: Any) -> Any:
 
 def main() -> int:
     args = parse_args()
-    if args.package == "pytorch_lightning":
+    # torchrun tells each process the job's layout; a plain `python` run is one node.
+    nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if args.pytorch_lightning:
         import pytorch_lightning as pl
         from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
     else:
@@ -110,7 +107,7 @@ def main() -> int:
         def on_train_batch_end(self, trainer, module, outputs, batch, index) -> None:  # type: ignore[no-untyped-def]
             print(f"rank {trainer.global_rank} step {trainer.global_step}", flush=True)
 
-    pl.seed_everything(args.seed)
+    pl.seed_everything(1234)
     best = ModelCheckpoint(
         dirpath=os.path.join(args.checkpoint_root, os.environ.get("HOSTNAME", "local")),
         monitor="val_loss",
@@ -121,10 +118,10 @@ def main() -> int:
     stopping = EarlyStopping(monitor="val_loss", patience=50)
     trainer = pl.Trainer(
         max_steps=args.max_steps,
-        num_nodes=args.num_nodes,
+        num_nodes=nodes,
         accelerator="cpu",
         devices=1,
-        strategy="ddp" if args.num_nodes > 1 else "auto",
+        strategy="ddp" if nodes > 1 else "auto",
         default_root_dir="lightning-out",
         callbacks=[PrintSteps(), best, stopping],
         enable_progress_bar=False,
@@ -135,8 +132,8 @@ def main() -> int:
         gradient_clip_val=0.5,
     )
     model = Classifier()
-    train = DataLoader(points(96, args.seed), batch_size=8, shuffle=True)
-    val = DataLoader(points(24, args.seed + 1), batch_size=8)
+    train = DataLoader(points(96, 1234), batch_size=8, shuffle=True)
+    val = DataLoader(points(24, 1235), batch_size=8)
     trainer.fit(model, train, val)
     print(f"fit() returned at step {trainer.global_step}", flush=True)
     if trainer.global_rank == 0:
