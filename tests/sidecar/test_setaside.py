@@ -7,11 +7,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from local.s3server import LocalS3
+from shim import protocol
+from shim.channel import Client
 from sidecar import retention, setaside
 from sidecar.config import AgentConfig
 from sidecar.restore import restore
 from sidecar.storage.base import Store
 from sidecar.storage.factory import open_store
+from tests.sidecar import shimtalk
+from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import commit, make_checkpoint
 
 OLDER, NEWER = 10, 20
@@ -137,3 +142,38 @@ def test_records_a_hostile_store_holds_are_ignored(tmp_path: Path) -> None:
         assert await _restores(store, tmp_path) == NEWER
 
     _run(tmp_path, body)
+
+
+def test_the_agent_sets_it_aside_and_says_so_once(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """Through the real agent and the shim's client: two starts that resume from the restored
+    checkpoint and fail; the third start is told not to resume from it."""
+    agent = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=s3_env)
+    try:
+
+        async def seed() -> None:
+            async with open_store(AgentConfig(destination=agent.destination)) as store:
+                await commit(store, make_checkpoint(tmp_path, OLDER, {"model.ckpt": 64}), OLDER)
+
+        asyncio.run(seed())
+        agent.start()
+        agent.wait_ready()
+        for pid in (501, 502):
+            client = Client(str(agent.socket))
+            hello = client.call(shimtalk.hello(pid))
+            assert isinstance(hello, protocol.HelloAnswer) and hello.restored is not None
+            client.send(protocol.Progress(step=OLDER, max_steps=0, epoch=0.0, resumed=OLDER))
+            assert client.call(protocol.Bye(exit_code=1, step=None)) == protocol.OkAnswer()
+            client.close()
+        client = Client(str(agent.socket))
+        assert client.call(shimtalk.hello(503)) == protocol.HelloAnswer(None, set_aside=OLDER)
+        status = agent.status()
+        assert status["set_aside"]["step"] == OLDER
+        assert "2 times in a row" in status["set_aside"]["reason"]
+        client.close()
+        assert agent.terminate() == 0
+        assert agent.termination()["set_aside"]["step"] == OLDER
+        assert agent.log().count(f"checkpoint-{OLDER} set aside (") == 1
+    finally:
+        agent.kill()
