@@ -9,9 +9,9 @@ older checkpoint) and ends with the weights of the uninterrupted run. The
 demo's verdict fails, naming each failed trainer's run and step, and
 ``jitckpt ls`` lists the checkpoint as set aside, with the reason.
 
-The other side of the rule: ``scripts/train_lightning_bad_record.py`` fails
-at the same step with or without a resume (a corrupt record), after the first
-step of the resumed run: the checkpoint is not blamed, and each restart
+The other side of the rule: ``scripts/train_lightning_bad_report.py`` fails
+at the same step with or without a resume (a report written into a missing
+directory), after the first step of the resumed run: the checkpoint is not blamed, and each restart
 resumes from it again (and fails as it would without jitckpt). More cases of
 both sides are in ``tests/sidecar/test_setaside.py``.
 """
@@ -87,7 +87,7 @@ def test_a_resume_that_always_fails_is_set_aside_and_the_job_ends_as_without_it(
 def test_an_error_that_happens_without_a_resume_too_is_not_blamed_on_it(
     tmp_path: Path, s3_bucket: str
 ) -> None:
-    summary = demo_with_restarts(tmp_path, "train_lightning_bad_record.py", s3_bucket, 1)
+    summary = demo_with_restarts(tmp_path, "train_lightning_bad_report.py", s3_bucket, 1)
     jit = summary["jit_checkpoint_step"]
     runs = summary["resumed_runs"]
     # Each run resumes from the JIT checkpoint and fails later, as the uninterrupted one does.

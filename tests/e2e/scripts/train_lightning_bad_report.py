@@ -1,16 +1,17 @@
-"""A Lightning script whose data has a bad record, written the way users write them.
+"""A Lightning script with a bug of its own at a fixed step, written the way users write them.
 
-It knows nothing about jitckpt. The dataset is read in order (no shuffle),
-and a block of two records was truncated: reading either raises
-``ValueError``, at the same step of every run, resumed or not. A failure of the training itself,
-which a checkpoint must never be blamed for.
+It knows nothing about jitckpt. A callback writes a report at step 10 into
+a directory nobody created: ``FileNotFoundError``, at the same step of every
+run, resumed or not. A failure of the training itself, which a checkpoint
+must never be blamed for.
 
-    torchrun --nnodes 2 ... train_lightning_bad_record.py --bad-record 70
+    torchrun --nnodes 2 ... train_lightning_bad_record.py --max-steps 12
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -19,27 +20,10 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.nn import functional
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, TensorDataset
 
 FEATURES = 8
-
-
-class Records(Dataset):
-    """Decoded records; ``bad`` and the one after it are corrupt."""
-
-    def __init__(self, count: int, bad: int) -> None:
-        generator = torch.Generator().manual_seed(3)
-        self.features = torch.randn(count, FEATURES, generator=generator)
-        self.bad = bad
-
-    def __len__(self) -> int:
-        return len(self.features)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if index in (self.bad, self.bad + 1):
-            raise ValueError(f"record {index}: truncated")
-        row = self.features[index]
-        return row, row.mean().unsqueeze(0)
+REPORT_AT_STEP = 10
 
 
 class Fit(pl.LightningModule):
@@ -55,25 +39,33 @@ class Fit(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
+class Report(pl.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, index) -> None:  # type: ignore[no-untyped-def]
+        if trainer.global_step == REPORT_AT_STEP:
+            with open(os.path.join("reports", "progress.json"), "w") as out:
+                json.dump({"step": trainer.global_step}, out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=30)
-    parser.add_argument("--bad-record", type=int, default=70)
     args = parser.parse_args()
     nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     pl.seed_everything(3)
+    features = torch.randn(128, FEATURES, generator=torch.Generator().manual_seed(3))
+    data = TensorDataset(features, features.mean(dim=1, keepdim=True))
     trainer = pl.Trainer(
         max_steps=args.max_steps,
         num_nodes=nodes,
         accelerator="cpu",
         devices=1,
         strategy="ddp" if nodes > 1 else "auto",
+        callbacks=[Report()],
         enable_progress_bar=False,
         enable_checkpointing=False,
         logger=False,
     )
-    data = DataLoader(Records(128, args.bad_record), batch_size=4)
-    trainer.fit(Fit(), data)
+    trainer.fit(Fit(), DataLoader(data, batch_size=4, shuffle=True))
     print(f"fit() returned at step {trainer.global_step}", flush=True)
     return 0
 
