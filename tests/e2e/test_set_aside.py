@@ -1,7 +1,7 @@
 """A resume that cannot work is set aside: the job ends as it would without jitckpt.
 
-``scripts/train_lightning_bad_resume.py`` raises on every resume (its
-checkpoint hooks disagree), before its first step. Two nodes, one pod
+``scripts/train_lightning_buggy.py --bug resume`` raises on every resume
+(its checkpoint hooks disagree), before its first step. Two nodes, one pod
 preempted; the demo starts the job's pods again after each run whose trainer
 failed, as a restart policy would. Runs 2 and 3 resume from the JIT checkpoint
 and fail; the sidecars set it aside, said once each; run 4 starts fresh (no
@@ -9,7 +9,7 @@ older checkpoint) and ends with the weights of the uninterrupted run. The
 demo's verdict fails, naming each failed trainer's run and step, and
 ``jitckpt ls`` lists the checkpoint as set aside, with the reason.
 
-The other side of the rule: ``scripts/train_lightning_bad_report.py`` fails
+The other side of the rule: the same script with ``--bug report`` fails
 at the same step with or without a resume (a report written into a missing
 directory), after the first step of the resumed run: the checkpoint is not blamed, and each restart
 resumes from it again (and fails as it would without jitckpt). More cases of
@@ -27,18 +27,19 @@ import pytest
 
 from tests.e2e.support import JITCKPT, jitckpt_ls
 
-SCRIPTS = Path(__file__).with_name("scripts")
+SCRIPT = Path(__file__).with_name("scripts") / "train_lightning_buggy.py"
 MAX_STEPS = 12
-PREEMPT_AT = 5  # mid-epoch (8 steps an epoch)
+PREEMPT_AT = 5  # mid-epoch (4 steps an epoch on two nodes)
 
 
-def demo_with_restarts(tmp_path: Path, script: str, bucket: str, restarts: int) -> dict[str, Any]:
-    """``jitckpt demo`` of ``script``, two nodes, one pod preempted at ``PREEMPT_AT``,
-    ``restarts`` restarts after failed runs: its summary (the verdict fails)."""
-    command = [str(JITCKPT), "demo", "--script", str(SCRIPTS / script), "--compare", "--json"]
+def demo_with_restarts(tmp_path: Path, bug: str, bucket: str, restarts: int) -> dict[str, Any]:
+    """``jitckpt demo`` of the script with ``bug``, two nodes, one pod preempted at
+    ``PREEMPT_AT``, ``restarts`` restarts after failed runs: its summary (the verdict fails)."""
+    command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json"]
     command += ["--keep", "--workdir", str(tmp_path / "demo"), "--preempt-nodes", "one"]
     command += ["--preempt-at-step", str(PREEMPT_AT), "--restarts", str(restarts)]
-    command += ["--destination", f"s3://{bucket}/{script}", "--", "--max-steps", str(MAX_STEPS)]
+    command += ["--destination", f"s3://{bucket}/{bug}", "--", "--bug", bug]
+    command += ["--max-steps", str(MAX_STEPS)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1400, check=False)
     lines = done.stdout.splitlines()
     assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
@@ -52,7 +53,7 @@ def demo_with_restarts(tmp_path: Path, script: str, bucket: str, restarts: int) 
 def test_a_resume_that_always_fails_is_set_aside_and_the_job_ends_as_without_it(
     tmp_path: Path, s3_bucket: str
 ) -> None:
-    summary = demo_with_restarts(tmp_path, "train_lightning_bad_resume.py", s3_bucket, 3)
+    summary = demo_with_restarts(tmp_path, "resume", s3_bucket, 3)
     assert summary["failed_checks"] == ["no resumed trainer failed"], summary
     jit = summary["jit_checkpoint_step"]
     runs = summary["resumed_runs"]
@@ -87,7 +88,7 @@ def test_a_resume_that_always_fails_is_set_aside_and_the_job_ends_as_without_it(
 def test_an_error_that_happens_without_a_resume_too_is_not_blamed_on_it(
     tmp_path: Path, s3_bucket: str
 ) -> None:
-    summary = demo_with_restarts(tmp_path, "train_lightning_bad_report.py", s3_bucket, 1)
+    summary = demo_with_restarts(tmp_path, "report", s3_bucket, 1)
     jit = summary["jit_checkpoint_step"]
     runs = summary["resumed_runs"]
     # Each run resumes from the JIT checkpoint and fails later, as the uninterrupted one does.
