@@ -220,8 +220,11 @@ class SidecarLink:
             )
             self._progress_thread.start()
 
-    def final_progress(self, step: int, max_steps: int, epoch: float) -> None:
-        """Report the last step now, whatever the rate limit.
+    def final_progress(
+        self, step: int, max_steps: int, epoch: float, resumed: Optional[int] = None
+    ) -> None:
+        """Report the last step now, whatever the rate limit (or, with ``resumed``, the
+        checkpoint being resumed from).
 
         It goes over the request connection, so it reaches the sidecar before a
         ``bye`` that follows; the once-a-second reports would often miss the last
@@ -234,7 +237,9 @@ class SidecarLink:
             return
         with self._lock:
             try:
-                self._client.send(protocol.Progress(step=step, max_steps=max_steps, epoch=epoch))
+                self._client.send(
+                    protocol.Progress(step=step, max_steps=max_steps, epoch=epoch, resumed=resumed)
+                )
             except (OSError, ValueError) as exc:
                 say_once("sidecar-progress", "could not report the last step: %s" % exc)
 

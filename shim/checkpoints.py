@@ -23,13 +23,16 @@ def list_checkpoints(directory: str) -> List[Tuple[int, str]]:
     return found
 
 
-def newest_checkpoint(directory: str, marker: str) -> Optional[Tuple[int, str]]:
+def newest_checkpoint(
+    directory: str, marker: str, excluded: Optional[int] = None
+) -> Optional[Tuple[int, str]]:
     """The newest checkpoint a framework finished writing: its ``marker`` file is there.
 
     Each framework writes one file last (HF its ``trainer_state.json``); a
-    directory without it was cut short and is never resumed from.
+    directory without it was cut short and is never resumed from. ``excluded``:
+    the step of a checkpoint the sidecar set aside, never resumed from.
     """
     for step, path in reversed(list_checkpoints(directory)):
-        if os.path.isfile(os.path.join(path, marker)):
+        if step != excluded and os.path.isfile(os.path.join(path, marker)):
             return step, path
     return None

@@ -21,19 +21,32 @@ own and gets patches of its own). It patches:
   shim's own agreement does the job, so the broadcast is skipped (the run
   keeps one collective per step for SIGTERM, not two);
 - the fit loop's ``_process_dataloader``: the train DataLoader becomes
-  resumable mid-epoch (``lightning_data``).
+  resumable mid-epoch (``lightning_data``);
+- the training epoch loop's ``on_advance_end``: the end of a step, where a save
+  of a step without validation is written (below);
+- the result collection's ``update_metrics``: a run resumed mid-epoch continues
+  the epoch's logged aggregates (``lightning_memory``).
 
 ``JitCallback`` agrees on the stop after each optimizer step (a batch end
 where ``global_step`` moved), saves through ``Trainer.save_checkpoint`` plus
 one small file per rank (random number generators, the epoch's data
-position), stages the directory, and exits 143 after a JIT save. Periodic
+position, and what the trainer holds in memory that Lightning's checkpoint
+leaves out: its metrics and the rest ``lightning_memory`` lists), stages the
+directory, and exits 143 after a JIT save. It runs after every other
+callback (it is moved last once Lightning has ordered them), so what they do
+at a step is in the checkpoint. Periodic
 saves are written behind the training loop where the configuration allows it
 (``lightningsaves``, ``asyncsave``) and staged at a later step end, once every
 rank's writer is done; a JIT save is synchronous and supersedes a periodic
 one still being written. When
 Lightning validates right after that batch, the save waits for the
-validation's end (Lightning's own save point there), so the resumed run,
-which does not validate again, draws the same random numbers.
+validation's end (Lightning's own save point there: the resumed run does not
+validate again, and replays the rest of the step, the plateau schedulers and
+the loggers, with the metrics put back). Otherwise it waits for the end of
+the step (``on_advance_end``: after the module's batch-end hook, the loggers
+and the plateau schedulers, all of which Lightning's resume from a batch-end
+save would skip), except at an epoch's last batch, where the batch end stays
+the save point (Lightning's resume from there starts the next epoch).
 
 A strategy the shim cannot serve (DeepSpeed, sharded FSDP, spawned
 processes) is said once, and that run trains as if the shim were absent.
@@ -50,7 +63,7 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import asyncsave, claim, dist, final, lightningsaves, watcher
+from . import asyncsave, claim, dist, final, lightning_memory, lightningsaves, watcher
 from .checkpoints import list_checkpoints
 from .config import ShimConfig
 from .lightning_data import Position
@@ -94,6 +107,8 @@ class Parts:
         self.fit_loop = module(".loops.fit_loop")
         epoch_loop = module(".loops.training_epoch_loop")
         self.epoch_loop = getattr(epoch_loop, "_TrainingEpochLoop", None)
+        results = module(".trainer.connectors.logger_connector.result")
+        self.results = getattr(results, "_ResultCollection", None)
 
     def missing(self) -> List[str]:
         """What this integration cannot do without ([] when all is there)."""
@@ -191,6 +206,9 @@ class FitSession:
         self.max_steps = 0
         self.last_step = -1
         self.deferred: Optional[str] = None  # the kind of a save waiting for validation's end
+        # or for the step's end (``at_step_end``)
+        self.at_step_end = False
+        self.memory: Optional[lightning_memory.Memory] = None  # what a resume puts back
         self.trained = False  # the last fit() returned normally: saves from now on are final
 
     # -- where the run stands -------------------------------------------------------
@@ -227,6 +245,8 @@ class FitSession:
     def start_fit(self, resume_wanted: bool) -> None:
         self.resume_wanted = resume_wanted
         self.deferred = None
+        self.at_step_end = False
+        self.memory = None
         self.trained = False
         self.run.training_again()
         self.run.start(lambda: int(self.trainer.global_step))
@@ -239,6 +259,21 @@ class FitSession:
             estimated = trainer.estimated_stepping_batches
             max_steps = int(estimated) if estimated < float("inf") else 0
         self.max_steps = max_steps
+        if self.memory is not None:
+            self.memory.before_training(trainer)
+
+    def first_batch(self) -> None:
+        """The first batch of this fit is taken: the resume is complete."""
+        self.position.batch_taken()
+        memory = self.memory
+        if memory is not None:
+            memory.at_first_batch(self.trainer)
+            self.memory = None if not memory.aggregates else memory
+
+    def epoch_ended(self) -> None:
+        if self.memory is not None:
+            self.memory.epoch_ended()
+            self.memory = None
 
     # -- resume -------------------------------------------------------------------------
     def resume_path(self) -> Optional[str]:
@@ -272,6 +307,7 @@ class FitSession:
             if not isinstance(record, dict):
                 raise ValueError("not a dict")
             self.position.resume_from(record)
+            self.memory = lightning_memory.load(record)
         except Exception as exc:
             failed("reading %s" % path, exc)
 
@@ -297,7 +333,16 @@ class FitSession:
             if kind == KIND_JIT:
                 say("Lightning validates after this step: saving once the validation ended")
             return
+        if not epoch_done:
+            self.deferred, self.at_step_end = kind, True
+            return
         self.save(kind, AT_BATCH_END)
+
+    def step_ended(self) -> None:
+        """``on_advance_end`` returned: a save waiting for the step's end is written."""
+        if self.at_step_end:
+            self.at_step_end = False
+            self.save_deferred(AFTER_BATCH)
 
     def save_deferred(self, point: str) -> None:
         kind, self.deferred = self.deferred, None
@@ -387,6 +432,7 @@ class FitSession:
             consumed,
             consumed >= self.batches(),
         )
+        record["memory"] = lightning_memory.capture(self.trainer)
         path = os.path.join(directory, RANK_FILE % self.trainer.global_rank)
         temporary = "%s.tmp-%d" % (path, os.getpid())
         torch.save(record, temporary)
@@ -443,7 +489,7 @@ def _make_callback(base: type) -> type:
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, *args: Any) -> None:
             session = self._session
-            self._guard("restoring the random number generators", session.position.batch_taken)
+            self._guard("restoring the random number generators", session.first_batch)
             if session.deferred is not None:
                 say_once("validation-absent", "the validation Lightning announced did not run")
                 self._guard("saving", lambda: session.save_deferred(AFTER_BATCH))
@@ -457,6 +503,7 @@ def _make_callback(base: type) -> type:
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             self._guard("saving", lambda: self._session.save_deferred(AFTER_BATCH))
+            self._guard("ending the resumed epoch", self._session.epoch_ended)
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self._guard("saving", lambda: self._session.save_deferred(AFTER_BATCH))
@@ -557,6 +604,11 @@ class Integration:
             connector: Any, checkpoint_path: Any = None, *args: Any, **kwargs: Any
         ) -> Any:
             session = self.session(getattr(connector, "trainer", None))
+            if session is not None:
+                try:
+                    self.run_last(session.trainer)
+                except Exception as exc:
+                    failed("ordering the callbacks", exc)
             if session is not None and session.resume_wanted and checkpoint_path is None:
                 session.resume_wanted = False
                 try:
@@ -566,6 +618,27 @@ class Integration:
             return original(connector, checkpoint_path, *args, **kwargs)
 
         return _restore_modules_and_callbacks
+
+    def run_last(self, trainer: Any) -> None:
+        """Move ``JitCallback`` after every other callback (Lightning has ordered them by now:
+        this runs in ``fit`` after the model's callbacks are attached), so a save at a hook
+        has what every other callback did at that hook."""
+        callbacks = trainer.callbacks
+        ours = [c for c in callbacks if isinstance(c, self.callback_type)]
+        callbacks[:] = [c for c in callbacks if not isinstance(c, self.callback_type)] + ours
+
+    def make_advance_end(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_advance_end(loop: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(loop, *args, **kwargs)
+            session = self.session(getattr(loop, "trainer", None))
+            if session is not None:
+                try:
+                    session.step_ended()
+                except Exception as exc:
+                    failed("saving", exc)
+            return result
+
+        return on_advance_end
 
     def make_register(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def register_signal_handlers(connector: Any, *args: Any, **kwargs: Any) -> Any:
@@ -631,6 +704,10 @@ def install(package: ModuleType, config: ShimConfig) -> None:
     _wrap(parts.signal_connector, "register_signal_handlers", integration.make_register)
     if callable(getattr(parts.epoch_loop, "_broadcast_sigterm_tensor", None)):
         _wrap(parts.epoch_loop, "_broadcast_sigterm_tensor", integration.make_broadcast)
+    if callable(getattr(parts.epoch_loop, "on_advance_end", None)):
+        _wrap(parts.epoch_loop, "on_advance_end", integration.make_advance_end)
+    if callable(getattr(parts.results, "update_metrics", None)):
+        _wrap(parts.results, "update_metrics", lightning_memory.continuing)
     if callable(getattr(parts.fit_loop, "_process_dataloader", None)):
         _wrap(parts.fit_loop, "_process_dataloader", integration.make_process)
     else:

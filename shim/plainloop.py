@@ -181,6 +181,7 @@ class PlainLoop:
             say("cannot resume from %s (%s): training starts over" % (directory, reason))
             return
         self.resume = Resume(step, saved)
+        self.run.process.link.final_progress(step, 0, 0.0, resumed=step)
         dataloaders.TRACKER.assign(saved["loaders"])
         if self.resume is not None:
             say("resuming the training loop from %s" % directory)

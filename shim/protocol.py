@@ -140,6 +140,11 @@ def _int(body: Mapping[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
+def _optional_int(body: Mapping[str, Any], name: str, low: int, high: int) -> Optional[int]:
+    """An integer field an older peer may leave out (absent or null: None)."""
+    return None if body.get(name) is None else _int(body, name, low, high)
+
+
 def _float(body: Mapping[str, Any], name: str, low: float, high: float) -> float:
     raw = body.get(name)
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
@@ -325,15 +330,24 @@ class Sigterm:
 
 @dataclass(frozen=True)
 class Progress:
-    """Where training is (``max_steps`` 0: unknown); never answered."""
+    """Where training is (``max_steps`` 0: unknown); never answered.
+
+    ``resumed``: sent once, when the process has agreed to resume from the
+    checkpoint of that step and starts loading it (the sidecar judges a resume
+    that fails by it: ``sidecar/setaside.py``).
+    """
 
     OP: ClassVar[str] = "progress"
     step: int
     max_steps: int
     epoch: float
+    resumed: Optional[int] = None
 
     def to_wire(self) -> Dict[str, Any]:
-        return _wire(self.OP, {"step": self.step, "max_steps": self.max_steps, "epoch": self.epoch})
+        fields = {"step": self.step, "max_steps": self.max_steps, "epoch": self.epoch}
+        if self.resumed is not None:
+            fields["resumed"] = self.resumed
+        return _wire(self.OP, fields)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Progress:
@@ -341,6 +355,7 @@ class Progress:
             step=_int(body, "step", 0, MAX_STEP),
             max_steps=_int(body, "max_steps", 0, MAX_STEP),
             epoch=_float(body, "epoch", 0.0, float(MAX_STEP)),
+            resumed=_optional_int(body, "resumed", 0, MAX_STEP),
         )
 
 
@@ -360,17 +375,25 @@ class Status:
 
 @dataclass(frozen=True)
 class Bye:
-    """The process is leaving with ``exit_code``."""
+    """The process is leaving with ``exit_code``; ``step``: the last step whose end it saw
+    (None: none)."""
 
     OP: ClassVar[str] = "bye"
     exit_code: int
+    step: Optional[int] = None
 
     def to_wire(self) -> Dict[str, Any]:
-        return _wire(self.OP, {"exit_code": self.exit_code})
+        fields: Dict[str, Any] = {"exit_code": self.exit_code}
+        if self.step is not None:
+            fields["step"] = self.step
+        return _wire(self.OP, fields)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Bye:
-        return cls(exit_code=_int(body, "exit_code", 0, MAX_EXIT_CODE))
+        return cls(
+            exit_code=_int(body, "exit_code", 0, MAX_EXIT_CODE),
+            step=_optional_int(body, "step", 0, MAX_STEP),
+        )
 
 
 @dataclass(frozen=True)
@@ -421,22 +444,28 @@ class Restored:
 
 @dataclass(frozen=True)
 class HelloAnswer:
+    """``set_aside``: a checkpoint that was restored here and then set aside (a resume from
+    it failed twice): the process must not resume from it, even from its local copy."""
+
     restored: Optional[Restored]
+    set_aside: Optional[int] = None
 
     def to_wire(self) -> Dict[str, Any]:
         restored = self.restored
-        return _ok(
-            {
-                "restored": None
-                if restored is None
-                else {"step": restored.step, "path": restored.path}
-            }
-        )
+        fields: Dict[str, Any] = {
+            "restored": None if restored is None else {"step": restored.step, "path": restored.path}
+        }
+        if self.set_aside is not None:
+            fields["set_aside"] = self.set_aside
+        return _ok(fields)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> HelloAnswer:
         restored = body.get("restored")
-        return cls(restored=None if restored is None else Restored.from_wire(restored))
+        return cls(
+            restored=None if restored is None else Restored.from_wire(restored),
+            set_aside=_optional_int(body, "set_aside", 0, MAX_STEP),
+        )
 
 
 @dataclass(frozen=True)

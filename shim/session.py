@@ -23,6 +23,8 @@ class ProcessSession:
         self.config = config
         self.link = SidecarLink(config.socket_path)
         self.restored: Optional[protocol.Restored] = None
+        self.set_aside: Optional[int] = None  # a checkpoint never to resume from (hello)
+        self.last_step: Optional[int] = None  # the last step end seen, told in ``bye``
         self._hello_done = False
         self._bye_sent = False
         self._failed = False
@@ -40,13 +42,14 @@ class ProcessSession:
         )
         if answer is not None:
             self.restored = answer.restored
+            self.set_aside = answer.set_aside
 
     def bye(self, exit_code: int) -> None:
         """Say goodbye once (the legacy sidecar leaves when the trainer is gone)."""
         if self._bye_sent or not self._hello_done:
             return
         self._bye_sent = True
-        self.link.call(protocol.Bye(exit_code=exit_code), timeout=2.0)
+        self.link.call(protocol.Bye(exit_code=exit_code, step=self.last_step), timeout=2.0)
 
     def _excepthook(self, kind: Any, value: Any, traceback: Any) -> None:
         self._failed = True

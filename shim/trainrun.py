@@ -147,7 +147,8 @@ class TrainingRun:
         restored = self.process.restored
         if restored is not None and os.path.isdir(restored.path):
             return restored.step
-        newest = newest_checkpoint(self.config.checkpoints_dir, self.marker)
+        excluded = self.process.set_aside
+        newest = newest_checkpoint(self.config.checkpoints_dir, self.marker, excluded)
         return newest[0] if newest is not None else None
 
     def local_resume_step(self) -> Optional[int]:
@@ -166,6 +167,7 @@ class TrainingRun:
             say_once("resume-missing", "not every rank has %s: starting without it" % path)
             return None
         say("resuming from %s" % path)
+        self.process.link.final_progress(step, 0, 0.0, resumed=step)
         return step
 
     # -- the step boundary ----------------------------------------------------
@@ -179,6 +181,7 @@ class TrainingRun:
         agrees on nothing more, so no rank waits in a collective the others
         have stopped calling.
         """
+        self.process.last_step = step
         if self.left or self.jit_step is not None or not self.config.jit:
             self.process.link.progress(step, max_steps, epoch)
             return False

@@ -28,6 +28,7 @@ from sidecar import (
     events,
     final,
     retention,
+    setaside,
     shimcopy,
     staging,
     termination,
@@ -134,6 +135,7 @@ class Agent:
         self._partial_timers: dict[Peer, asyncio.TimerHandle] = {}
         # Streamed checkpoints completed and not yet committed: when they were completed.
         self._completed_at: dict[str, float] = {}
+        self.resumes: setaside.ResumeWatch | None = None  # set once the store is open
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -252,6 +254,9 @@ class Agent:
             newest_committed=self.restored.step,
         )
         self.state.queue_view = self.uploader.snapshot
+        self.resumes = setaside.ResumeWatch(
+            store, self.restored.step, cfg.node_rank, cfg.nnodes, cfg.pod_name
+        )
         jobs, dropped = await asyncio.to_thread(self.staged_jobs.recover)
         for reason in dropped:
             self.state.last_error = reason
@@ -459,6 +464,11 @@ class Agent:
         restored = self.restored
         if restored.step is None or restored.path is None:
             return protocol.HelloAnswer(restored=None)
+        if self.resumes is not None:
+            self.resumes.hello()
+            if await self.resumes.refresh():
+                self._said_set_aside(restored.step, self.resumes.set_aside)
+                return protocol.HelloAnswer(restored=None, set_aside=restored.step)
         return protocol.HelloAnswer(
             restored=protocol.Restored(step=restored.step, path=restored.path)
         )
@@ -564,6 +574,11 @@ class Agent:
         return protocol.OkAnswer()
 
     async def progress(self, peer: Peer, request: protocol.Progress) -> None:
+        if self.resumes is not None:
+            if request.resumed is not None and peer.pid is not None:
+                self.resumes.resumed(peer.pid, request.resumed)
+                return  # not a step end
+            await self.resumes.progressed(request.step)
         self.state.progress = {
             "step": request.step,
             "max_steps": request.max_steps,
@@ -580,7 +595,26 @@ class Agent:
         if client is not None:
             client.said_bye = True
             client.exit_code = request.exit_code
+        stopping = self._stop.is_set() or self.grace.started  # the pod is going: no verdict
+        if self.resumes is not None and peer.pid is not None and not stopping:
+            why = await self.resumes.exited(peer.pid, request.exit_code, request.step)
+            if why and self.restored.step is not None:
+                self._said_set_aside(self.restored.step, why)
         return protocol.OkAnswer()
+
+    def _said_set_aside(self, step: int, why: str) -> None:
+        """Say once, in the log, ``/status``, the termination message and an Event, that the
+        restored checkpoint is set aside and the next start will not resume from it."""
+        if self.state.set_aside is not None:
+            return
+        self.state.set_aside = {"step": step, "reason": why}
+        text = (
+            f"checkpoint-{step} set aside ({why}); it stays in the store, and the next start "
+            "resumes from an older valid checkpoint, or starts as it would without jitckpt"
+        )
+        log.error("%s", text)
+        termination.write(self.termination_log, termination.message(self.state, []))
+        self._spawn(self.events.post(events.SET_ASIDE, text))
 
     async def lease(self, peer: Peer, request: protocol.Lease) -> None:
         self.presence.leased()

@@ -30,6 +30,7 @@ RESTORED = "Restored"
 SAVED = "CheckpointSaved"
 UPLOADED = "CheckpointUploaded"
 JIT = "JITCheckpoint"
+SET_ASIDE = "CheckpointSetAside"
 
 
 class EventPoster:

@@ -1,4 +1,7 @@
-"""``jitckpt ls DESTINATION``: a job's checkpoints, each valid or torn with the reason.
+"""``jitckpt ls DESTINATION``: a job's checkpoints, each valid, torn or set aside, with the reason.
+
+Set aside: valid, but a resume from it failed twice (``sidecar/setaside.py``);
+restores pass over it, and it stays in the store.
 
 A last row, ``final``, is the trained model of the last run that finished
 (``final/``, see ``sidecar/final.py``): valid, or torn with the reason, its
@@ -34,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
 
 
-ROW = "{step:>8}  {state:<5}  {kind:<9}  {nodes:>5}  {size:>10}  {time:<25}  {reason}"
+ROW = "{step:>8}  {state:<9}  {kind:<9}  {nodes:>5}  {size:>10}  {time:<25}  {reason}"
 HEADER = {
     "step": "STEP",
     "state": "STATE",
@@ -62,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
 
     from sidecar import final
     from sidecar.config import AgentConfig
+    from sidecar.setaside import scan
     from sidecar.storage.base import StoreError
     from sidecar.storage.factory import open_store
     from sidecar.uri import DestinationError, parse_job_root
-    from sidecar.validity import CheckpointState, scan
+    from sidecar.validity import CheckpointState
 
     try:
         root = parse_job_root(args.destination, args.pvc_mount)
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [
         {
             "step": s.step,
-            "state": "valid" if s.valid else "torn",
+            "state": "valid" if s.valid else "set-aside" if s.set_aside else "torn",
             "reason": s.reason,
             "kind": s.kind,
             "nodes": s.nnodes,

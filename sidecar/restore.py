@@ -35,9 +35,10 @@ import google_crc32c
 from sidecar import checksum, safefs
 from sidecar import manifest as mf
 from sidecar.commit import FILES_IN_FLIGHT
+from sidecar.setaside import scan
 from sidecar.staging import SHARED_DIR_MODE, shared_dir
 from sidecar.storage.base import Store, VerificationError
-from sidecar.validity import CheckpointState, scan
+from sidecar.validity import CheckpointState
 
 RECORD_NAME = "restored.json"  # in the state directory: what was restored, for the run phase
 FILE_MODE = 0o644

@@ -1,5 +1,7 @@
 """Retention in the store: keep the newest N valid checkpoints (``jitckpt.io/s3-retention``).
 
+A set-aside checkpoint (``setaside``) is neither counted among them nor deleted.
+
 Rules, applied by node 0 only (one writer; the others would only repeat it):
 - valid checkpoints beyond the newest N are deleted, manifests first, so a
   reader never sees a half-deleted checkpoint as valid;
@@ -17,8 +19,9 @@ import time
 from dataclasses import dataclass
 
 from shim import layout
+from sidecar.setaside import scan
 from sidecar.storage.base import Store
-from sidecar.validity import CheckpointState, scan
+from sidecar.validity import CheckpointState
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ def plan(
     if kept:
         floor = min(s.step for s in kept)
         for state in states:
-            if state.valid or state.step >= floor:
+            if state.valid or state.set_aside or state.step >= floor:
                 continue
             if now - state.mtime >= torn_min_age:
                 doomed.append(Deleted(state.step, f"torn ({state.reason}), older than kept ones"))

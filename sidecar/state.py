@@ -55,6 +55,8 @@ class AgentState:
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     last_error: str | None = None
     identity: dict[str, str] | None = None  # where the store's credentials come from
+    # The restored checkpoint, set aside because resumes from it failed: step and reason.
+    set_aside: dict[str, object] | None = None
     # Staged checkpoints dropped unuploaded because a newer one superseded them (newest last).
     superseded: deque[dict[str, object]] = field(
         default_factory=lambda: deque(maxlen=MAX_SUPERSEDED)
@@ -82,6 +84,7 @@ class AgentState:
             "identity": self.identity,
             "restored": self.restored,
             "restore_skipped": self.restore_skipped,
+            "set_aside": self.set_aside,
             "last_committed": asdict(self.last_committed) if self.last_committed else None,
             "committed_count": len(self.committed),
             "final": asdict(self.final) if self.final else None,

@@ -34,6 +34,8 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
     grace = state.grace.message()
     if grace:
         summary += f"; {grace}"
+    if state.set_aside:
+        summary += f"; checkpoint-{state.set_aside['step']} set aside: {state.set_aside['reason']}"
     if note:
         summary += f"; {note}"
     doc: dict[str, object] = {
@@ -49,6 +51,7 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
             else None
         ),
         "restored_step": (state.restored or {}).get("step"),
+        "set_aside": state.set_aside,
         # The trainer's final progress report: the step its run ended at.
         "last_step": (state.progress or {}).get("step"),
         "uncommitted": uncommitted,

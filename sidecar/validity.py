@@ -46,6 +46,7 @@ class CheckpointState:
     reason: str  # empty when valid
     objects: list[ObjectInfo]
     manifests: list[mf.Manifest] = field(default_factory=list)
+    set_aside: str = ""  # why a valid one is not restored (``setaside.scan`` says)
 
     @property
     def size(self) -> int:

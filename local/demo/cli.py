@@ -44,6 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--grace-period", type=int, default=60, help="seconds (default 60)")
     parser.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="after a resumed run whose trainer failed, start the job's pods again, as its "
+        "restart policy would, at most this many times (default 0)",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="also run uninterrupted and compare the final weights bitwise (always on without "
@@ -108,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         kind={kind.lower(): kind for kind in KINDS}[args.kind],
         destination=args.destination,
         grace_period=args.grace_period,
+        restarts=max(0, args.restarts),
         compare=args.compare or args.script is None,
         sidecar_mode=args.sidecar_mode,
         workdir=args.workdir,

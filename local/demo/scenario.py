@@ -85,6 +85,9 @@ class DemoOptions:
     # An exported sidecar image (`make images-check`): its containers run from its
     # root instead of this interpreter (local/podrunner/image.py).
     sidecar_image: Path | None = None
+    # After a resumed run whose trainer failed: new pods for the job, as a controller's
+    # restart policy would start, at most this many times.
+    restarts: int = 0
 
 
 @dataclass
@@ -328,21 +331,86 @@ def finish_first(s: Scenario, first: JobRun, watcher: CommitWatcher) -> FirstRun
     return result
 
 
-def resume(s: Scenario, final_weights: Path | None) -> JobRun:
-    """Run 2: new pods of the same job, restored by their sidecars before training."""
+def resume(s: Scenario, final_weights: Path | None, number: int = 2) -> JobRun:
+    """Run ``number`` (2 on): new pods of the same job, restored by their sidecars first."""
     o = s.options
     s.narrator.new_run()
     s.narrator.say(
-        f"run 2: new pods for job {o.job_name} (fresh local volumes); the sidecars restore first"
+        f"run {number}: new pods for job {o.job_name} (fresh local volumes); "
+        "the sidecars restore first"
     )
     env = {ENV_DEMO_FINAL_WEIGHTS: str(final_weights)} if final_weights is not None else {}
-    second = s.run(s.job("run-2", o.job_name, env)).start()
-    second.wait(o.timeout)
-    return second
+    run = s.run(s.job(f"run-{number}", o.job_name, env)).start()
+    run.wait(o.timeout)
+    return run
+
+
+@dataclass
+class ResumedRun:
+    """One run after the preemption: what it restored, how its trainers ended."""
+
+    number: int
+    run: JobRun
+    docs: list[dict[str, Any]]  # the sidecars' termination messages
+
+    @property
+    def restored(self) -> int | None:
+        return resumed_from(self.run)
+
+    def failures(self) -> list[str]:
+        """Which trainers exited with an error, and at which step (the last their sidecar
+        heard of), each said the way the verdict says it."""
+        said = []
+        for pod, code, doc in zip(self.run.pods, self.run.exit_codes(), self.docs, strict=True):
+            if code == 0:
+                continue
+            step, restored = doc.get("last_step"), doc.get("restored_step")
+            where = f"at step {step}" if isinstance(step, int) else "before its first step"
+            start = f"resumed from step {restored}" if isinstance(restored, int) else "fresh"
+            said.append(
+                f"run {self.number}: the trainer of {pod.name} exited with code {code} {where} "
+                f"({start})"
+            )
+        return said
+
+    def set_aside(self) -> list[dict[str, Any]]:
+        marks = [d.get("set_aside") for d in self.docs]
+        return [m for m in marks if isinstance(m, dict)]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run": self.number,
+            "restored_step": self.restored,
+            "exit_codes": self.run.exit_codes(),
+            "failures": self.failures(),
+            "set_aside": self.set_aside(),
+            "trainer_logs": self.run.logs(),
+            "sidecar_logs": self.run.logs(AGENT),
+        }
+
+
+def resumed_runs(s: Scenario, final_weights: Path | None) -> list[ResumedRun]:
+    """Run 2, and after a run whose trainer failed, the restarts ``--restarts`` allows."""
+    runs: list[ResumedRun] = []
+    while True:
+        number = len(runs) + 2
+        run = resume(s, final_weights, number)
+        resumed = ResumedRun(number, run, [_termination_doc(m) for m in run.messages()])
+        runs.append(resumed)
+        for line in resumed.failures():
+            s.narrator.say(line)
+        for mark in resumed.set_aside():
+            s.narrator.say(f"checkpoint-{mark.get('step')} set aside: {mark.get('reason')}")
+        if not resumed.failures() or len(runs) > s.options.restarts:
+            return runs
+        s.narrator.say(
+            f"restarting the job's pods, as its restart policy would "
+            f"(restart {len(runs)} of at most {s.options.restarts})"
+        )
 
 
 def resumed_from(second: JobRun) -> int | None:
-    """The step every sidecar of run 2 restored (None: none, or they disagree)."""
+    """The step every sidecar of a resumed run restored (None: none, or they disagree)."""
     docs = [_termination_doc(m) for m in second.messages()]
     step = _same([d.get("restored_step") for d in docs])
     return step if isinstance(step, int) else None
@@ -378,8 +446,10 @@ def story(s: Scenario) -> dict[str, Any]:
     preempt(s, first)
     judged = finish_first(s, first, watcher)
 
-    second = resume(s, resumed_weights if o.compare else None)
-    restored = resumed_from(second)
+    runs = resumed_runs(s, resumed_weights if o.compare else None)
+    second = runs[-1].run
+    restored = runs[0].restored
+    failures = [line for r in runs for line in r.failures()]
     final_codes = second.exit_codes()
     final_step, max_steps = reported_last_step(second), second.max_steps()
     say(
@@ -403,6 +473,7 @@ def story(s: Scenario) -> dict[str, Any]:
         and all(c == JIT_EXIT_CODE for c in trainer_codes),
         f"jit checkpoint at step {k} or {k + 1}": jit_step in (k, k + 1),
         "resumed from the jit checkpoint": restored is not None and restored == jit_step,
+        "no resumed trainer failed": not failures,
         # The trainers' final progress report, for every script; the total when they said it.
         "resumed run finished": bool(final_codes)
         and all(c == 0 for c in final_codes)
@@ -422,6 +493,8 @@ def story(s: Scenario) -> dict[str, Any]:
         say(f"verdict: OK, preempted at step {k}, saved just in time, resumed{same}")
     else:
         say(f"verdict: FAILED ({'; '.join(failed)}); logs in {s.workdir / 'node' / 'pods'}")
+        for line in failures:
+            say(f"  {line}")
     say(f"total {time.monotonic() - started:.1f} s")
     return {
         "ok": ok,
@@ -439,12 +512,19 @@ def story(s: Scenario) -> dict[str, Any]:
         "final_step": final_step,
         "max_steps": max_steps,
         "final_exit_codes": final_codes,
+        "resumed_runs": [r.summary() for r in runs],
+        "failed_trainers": failures,
+        "set_aside": [mark for r in runs for mark in r.set_aside()],
         "equal_to_uninterrupted": equal,
         "saved_output": saved.summary() if saved is not None else None,
         "destination": s.job_root,
         "final_model": model,
         "termination_messages": [d.get("message") for d in judged.docs],
-        "trainer_logs": {"preempted": first.logs(), "resumed": second.logs()},
+        "trainer_logs": {
+            "preempted": first.logs(),
+            "resumed": second.logs(),
+            "uninterrupted": reference.logs() if reference is not None else [],
+        },
         "sidecar_logs": {
             "preempted": first.logs(AGENT),
             "resumed": second.logs(AGENT),

@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 SCRIPT = Path(__file__).with_name("scripts") / "train_listing.py"
+JITCKPT = Path(sys.executable).with_name("jitckpt")
 LISTING_PREFIX = "start listing: "
 MAX_STEPS = 30
 
 
 def script_args(workdir: Path) -> list[str]:
     return ["--output-dir", str(workdir / "out"), "--max-steps", str(MAX_STEPS)]
+
+
+def jitckpt_ls(destination: str) -> tuple[int, dict[str, Any]]:
+    """``jitckpt ls DESTINATION --json``: its exit code and document."""
+    done = subprocess.run(
+        [str(JITCKPT), "ls", destination, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, json.loads(done.stdout)
 
 
 def start_listings(log: Path) -> list[list[str] | None]:

@@ -13,7 +13,11 @@ weights bitwise with a run never preempted:
 - one node with periodic saves every 5 steps, preempted between two of them:
   the periodic checkpoints are in the store (but those the JIT commit superseded
   before their upload ended, which the sidecar's log must name) and the resume is
-  from the JIT one.
+  from the JIT one;
+- two nodes, one pod preempted, a script whose every step reads the validation
+  metric (``scripts/train_lightning_plateau.py``): the resumed run ends with the
+  same weights and the same scheduler, ``ModelCheckpoint``, ``EarlyStopping``
+  and metric state as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -28,17 +32,18 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.support import JITCKPT, jitckpt_ls
+
 SCRIPT = Path(__file__).with_name("scripts") / "train_lightning.py"
-JITCKPT = Path(sys.executable).with_name("jitckpt")
 MAX_STEPS = 30
 EPOCH_STEPS = 12  # 96 samples in batches of 8
 # Mid-epoch steps (a stop at an epoch's end is in tests/shim/test_lightning.py).
 MID_EPOCH = [s for s in range(3, MAX_STEPS - 2) if s % EPOCH_STEPS]
 
 
-def demo(tmp_path: Path, *args: str) -> dict[str, Any]:
-    """``jitckpt demo --script train_lightning.py --compare --json ARGS``: its summary."""
-    command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json"]
+def demo(tmp_path: Path, *args: str, script: Path = SCRIPT) -> dict[str, Any]:
+    """``jitckpt demo --script SCRIPT --compare --json ARGS``: its summary."""
+    command = [str(JITCKPT), "demo", "--script", str(script), "--compare", "--json"]
     command += ["--workdir", str(tmp_path / "demo"), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=500, check=False)
     lines = done.stdout.splitlines()
@@ -72,36 +77,39 @@ def assert_preempted_and_resumed(summary: dict[str, Any], step: int, nnodes: int
 
 # Two nodes: SIGTERM to one pod only (S3, native sidecar, imported as
 # pytorch_lightning), and to both pods (pvc://, legacy sidecar).
-TWO_NODES = {
-    "one-pod-s3-native-pytorch_lightning": (5501, "one", [], ["--package", "pytorch_lightning"]),
+TWO_NODES: dict[str, tuple[int, tuple[str, list[str], list[str]]]] = {
+    "one-pod-s3-native-pytorch_lightning": (
+        5501,
+        ("one", [], ["--package", "pytorch_lightning"]),
+    ),
     "all-pods-pvc-legacy": (
         7703,
-        "all",
-        ["--destination", "pvc://ckpt-claim/lightning", "--sidecar-mode", "legacy"],
-        [],
+        ("all", ["--destination", "pvc://ckpt-claim/lightning", "--sidecar-mode", "legacy"], []),
     ),
 }
+
+
+def two_node_demo(
+    tmp_path: Path, seed: int, steps: list[int], case: tuple[str, list[str], list[str]], **kw: Path
+) -> tuple[int, dict[str, Any]]:
+    """Two nodes preempted at a step drawn from ``steps`` (the seed and step printed), as
+    ``case`` says (which pods, demo arguments, script arguments): the step and the summary,
+    checked as every preempted two-node demo must be."""
+    preempt, demo_args, script_args = case
+    step = random.Random(seed).choice(steps)
+    print(f"seed {seed}: preempting at step {step}", file=sys.stderr)
+    command = ["--keep", "--preempt-at-step", str(step), "--preempt-nodes", preempt, *demo_args]
+    summary = demo(tmp_path, *command, "--", *script_args, **kw)
+    assert summary["nnodes"] == 2 and summary["preempt_nodes"] == preempt
+    assert_preempted_and_resumed(summary, step, 2)
+    return step, summary
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(TWO_NODES))
 def test_two_nodes_preempted_resume_bitwise(case: str, tmp_path: Path) -> None:
-    seed, preempt, demo_args, script_args = TWO_NODES[case]
-    step = random.Random(seed).choice(MID_EPOCH)
-    print(f"seed {seed}: preempting at step {step}", file=sys.stderr)
-    summary = demo(
-        tmp_path,
-        "--keep",
-        "--preempt-at-step",
-        str(step),
-        "--preempt-nodes",
-        preempt,
-        *demo_args,
-        "--",
-        *script_args,
-    )
-    assert summary["nnodes"] == 2 and summary["preempt_nodes"] == preempt
-    assert_preempted_and_resumed(summary, step, 2)
+    seed, how = TWO_NODES[case]
+    two_node_demo(tmp_path, seed, MID_EPOCH, how)
 
 
 @pytest.mark.slow
@@ -124,14 +132,8 @@ def test_periodic_checkpoints_uploaded_and_a_stop_between_resumes_from_the_jit_o
         f"save-steps={every}",
     )
     jit = assert_preempted_and_resumed(summary, step, 1)
-    listing = subprocess.run(
-        [str(JITCKPT), "ls", summary["destination"], "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    document = json.loads(listing.stdout)
+    code, document = jitckpt_ls(summary["destination"])
+    assert code == 0
     kinds = {row["step"]: row["kind"] for row in document["checkpoints"] if row["state"] == "valid"}
     # A periodic checkpoint still queued or uploading when the JIT one was committed is
     # dropped, by design (the node is released sooner): only then may one be missing.
@@ -146,3 +148,26 @@ def test_periodic_checkpoints_uploaded_and_a_stop_between_resumes_from_the_jit_o
     # What the script saved after fit() (trainer.save_checkpoint) is the final model.
     assert document["final"] is not None and document["final"]["state"] == "valid", document
     assert document["final"]["step"] == MAX_STEPS
+
+
+PLATEAU_SCRIPT = SCRIPT.with_name("train_lightning_plateau.py")
+# Its validation runs every 3 steps (6 batches, 2 accumulated per step); a stop
+# between two validations resumes into steps that read val_loss before the next.
+BETWEEN_VALIDATIONS = list(range(4, MAX_STEPS - 2, 3))
+FINAL_STATE = "final state: "
+
+
+def final_states(logs: list[str]) -> list[str]:
+    """The ``final state:`` lines rank 0 printed (node 0's log)."""
+    text = Path(logs[0]).read_text(errors="replace")
+    return [line for line in text.splitlines() if line.startswith(FINAL_STATE)]
+
+
+@pytest.mark.slow
+def test_steps_reading_the_validation_metric_resume_bitwise(tmp_path: Path) -> None:
+    case = ("one", [], ["--checkpoint-root", str(tmp_path / "shared")])
+    _, summary = two_node_demo(tmp_path, 2808, BETWEEN_VALIDATIONS, case, script=PLATEAU_SCRIPT)
+    resumed, uninterrupted = (
+        final_states(summary["trainer_logs"][k]) for k in ("resumed", "uninterrupted")
+    )
+    assert len(resumed) == 1 and resumed == uninterrupted, (resumed, uninterrupted)

@@ -1,0 +1,247 @@
+"""A checkpoint a resume cannot work from is set aside, so a job never crash-loops on it.
+
+The rule (README, "A resume that fails"): a trainer process that resumed
+from the checkpoint this sidecar restored (the shim says so in a ``progress``
+report with ``resumed``, once it starts loading it) and then exits with an
+error (its ``bye`` carries a non-zero exit code) before it completed the first
+step after the checkpoint (no step end beyond ``step + 1`` seen) is a failed
+resume of that checkpoint. Two in a row, from any nodes, set it aside: it
+stays in the store, untouched, and restores pick the newest valid checkpoint
+that is not set aside (``scan``), or start fresh. A resumed trainer that gets
+past its first step clears the count: a later error is the training's own,
+and happens with or without a resume.
+
+Only a sidecar writes records, each only its own node's, from what it saw
+itself: ``checkpoint-<step>/.jitckpt/resume-node-<k>.json``, beside the
+manifests. The trainer cannot write the store; what it can make its own
+sidecar record is a failed resume of the one checkpoint that sidecar restored
+for it, which is no more than it could do by failing. The store is not
+trusted: a record is read only for ``node-0..nnodes-1`` of a valid checkpoint,
+at most ``MAX_RECORD_BYTES``, validated by ``decode``; one that fails the
+rules is ignored (and said), never a reason to fail a restore.
+
+Every node's sidecar reads the records of all nodes before it restores, and
+the failing node's sidecar writes its record while the failing process is
+still saying goodbye, before the pods are restarted, so the nodes of the next
+attempt restore the same checkpoint (and the shim's resume agreement starts
+every rank fresh should they not).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shim import layout
+from sidecar import manifest as mf
+from sidecar.storage.base import ObjectTooLarge, Store, StoreError
+from sidecar.validity import CheckpointState
+from sidecar.validity import scan as scan_valid
+
+RECORD_VERSION: Literal[1] = 1
+MAX_RECORD_BYTES = 4096
+FAILURES_TO_SET_ASIDE = 2
+MAX_FAILURES = 1_000_000
+REASON_CHARS = 300
+# A JIT stop (128 + SIGTERM) is no failure; neither is a clean exit.
+NOT_FAILURES = (0, 143)
+
+log = logging.getLogger(__name__)
+
+
+class ResumeRecord(BaseModel):
+    """What node ``node_rank``'s sidecar saw of resumes from ``checkpoint-<step>``."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    version: Literal[1] = RECORD_VERSION
+    step: int = Field(ge=0, le=mf.MAX_STEP)
+    node_rank: int = Field(ge=0, lt=mf.MAX_NODES)
+    failures: int = Field(ge=0, le=MAX_FAILURES)  # in a row
+    set_aside: bool = False
+    reason: str = Field(default="", max_length=REASON_CHARS)
+    pod: str = Field(default="", max_length=mf.MAX_TEXT)
+    time: str = Field(
+        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
+    )
+
+    @field_validator("reason", "pod", "time")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        """Shown by ``jitckpt ls``, ``/status`` and logs: no control characters."""
+        if not value.isprintable():
+            raise ValueError("control characters are not allowed")
+        return value
+
+
+def record_key(step: int, node_rank: int) -> str:
+    return f"{mf.checkpoint_dir(step)}/{layout.MANIFEST_DIR}/resume-node-{node_rank}.json"
+
+
+def decode(data: bytes, step: int, node_rank: int) -> ResumeRecord:
+    """Parse and validate a record read from ``record_key(step, node_rank)``; ValueError."""
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than {MAX_RECORD_BYTES}")
+    record = ResumeRecord.model_validate_json(data)
+    if (record.step, record.node_rank) != (step, node_rank):
+        raise ValueError(f"it names node {record.node_rank}, step {record.step}")
+    return record
+
+
+async def read(store: Store, step: int, node_rank: int) -> ResumeRecord | None:
+    """Node ``node_rank``'s record for ``checkpoint-<step>`` (None: none, or not valid)."""
+    key = record_key(step, node_rank)
+    try:
+        if await store.head(key) is None:
+            return None
+        return decode(await store.get_bytes(key, MAX_RECORD_BYTES), step, node_rank)
+    except (ValueError, ValidationError, ObjectTooLarge) as exc:
+        text = str(exc).splitlines()[0][:REASON_CHARS] if str(exc) else type(exc).__name__
+        log.warning("ignoring %s: %r", key, text)
+        return None
+
+
+async def why_set_aside(store: Store, step: int, nnodes: int, keys: set[str]) -> str:
+    """Why ``checkpoint-<step>`` is set aside, from any node's record; "" if not. ``keys``:
+    the objects listed under it (only records listed are read)."""
+    for node in range(min(nnodes, mf.MAX_NODES)):
+        if record_key(step, node) not in keys:
+            continue
+        record = await read(store, step, node)
+        if record is not None and record.set_aside:
+            return record.reason or f"set aside by node {node}"
+    return ""
+
+
+async def scan(store: Store) -> AsyncIterator[CheckpointState]:
+    """``validity.scan``, where a set-aside checkpoint is not valid for a restore: its
+    ``set_aside`` says why, and so does its ``reason``."""
+    async for state in scan_valid(store):
+        if state.valid:
+            keys = {o.key for o in state.objects}
+            why = await why_set_aside(store, state.step, state.nnodes or 0, keys)
+            if why:
+                state.valid = False
+                state.set_aside = why
+                state.reason = f"set aside: {why}"
+        yield state
+
+
+@dataclass
+class Attempt:
+    """One training process that resumed from the restored checkpoint."""
+
+    resumed: int
+
+
+class ResumeWatch:
+    """What this sidecar sees of the trainers that resume from the checkpoint it restored."""
+
+    def __init__(
+        self, store: Store, step: int | None, node_rank: int, nnodes: int, pod: str
+    ) -> None:
+        self.store = store
+        self.step = step  # the checkpoint this sidecar restored (None: nothing to watch)
+        self.node_rank = node_rank
+        self.nnodes = nnodes
+        self.pod = pod
+        self.set_aside = ""  # why it is set aside, once it is
+        self._hellos = 0  # trainer processes started; one failure counted per start
+        self._counted_at = 0
+        self._cleared = False
+        self._latest: int | None = None  # the last step end reported since the last hello
+        self.attempts: dict[int, Attempt] = {}  # by pid
+
+    def hello(self) -> None:
+        self._hellos += 1
+        self._latest = None
+
+    def resumed(self, pid: int, step: int) -> None:
+        if step == self.step and len(self.attempts) < 4096:
+            self.attempts[pid] = Attempt(step)
+
+    async def progressed(self, step: int) -> None:
+        """A step end of some process here (progress reports name no process): past the
+        first step after the checkpoint, the resume worked and the count starts over."""
+        self._latest = max(step, self._latest or 0)
+        if self.step is not None and self.attempts and step > self.step + 1:
+            await self._clear()
+
+    async def _clear(self) -> None:
+        if not self._cleared and not self.set_aside:
+            self._cleared = True
+            await self._write(0, "")
+
+    async def exited(self, pid: int, exit_code: int, step: int | None) -> str:
+        """A process said goodbye; returns why the checkpoint was set aside just now, or ""."""
+        attempt = self.attempts.pop(pid, None)
+        if attempt is None or exit_code in NOT_FAILURES or self.set_aside:
+            return ""
+        if max(step or 0, self._latest or 0) > attempt.resumed + 1:
+            await self._clear()  # past its first step: the error is the training's own
+            return ""
+        if self._counted_at == self._hellos:
+            return ""  # this start's failure is counted already
+        self._counted_at = self._hellos
+        self._cleared = False
+        try:
+            previous = await read(self.store, attempt.resumed, self.node_rank)
+        except StoreError as exc:
+            log.warning("could not read the resume record of checkpoint-%d: %s", self.step, exc)
+            previous = None
+        failures = (previous.failures if previous is not None else 0) + 1
+        reason = ""
+        if failures >= FAILURES_TO_SET_ASIDE:
+            reason = (
+                f"a trainer resumed from it exited with code {exit_code} before completing "
+                f"a step, {failures} times in a row (last on node {self.node_rank}, pod "
+                f"{self.pod})"
+            )[:REASON_CHARS]
+        log.warning(
+            "a trainer resumed from checkpoint-%d exited with code %d before completing a "
+            "step (%d in a row)",
+            attempt.resumed,
+            exit_code,
+            failures,
+        )
+        if not await self._write(failures, reason) or not reason:
+            return ""
+        self.set_aside = reason
+        return reason
+
+    async def _write(self, failures: int, reason: str) -> bool:
+        assert self.step is not None
+        record = ResumeRecord(
+            step=self.step,
+            node_rank=self.node_rank,
+            failures=failures,
+            set_aside=bool(reason),
+            reason=reason,
+            pod=self.pod[: mf.MAX_TEXT],
+        )
+        try:
+            await self.store.put_bytes(
+                record_key(self.step, self.node_rank), record.model_dump_json().encode()
+            )
+        except StoreError as exc:
+            log.error("could not record a resume of checkpoint-%d: %s", self.step, exc)
+            return False
+        return True
+
+    async def refresh(self) -> str:
+        """Why the restored checkpoint is set aside, when another node set it aside since
+        (read at each hello of a restarted trainer, so every node's next start agrees)."""
+        if self.set_aside or self.step is None:
+            return self.set_aside
+        try:
+            listed = await self.store.list_objects(f"{mf.checkpoint_dir(self.step)}/")
+            keys = {o.key for o in listed}
+            self.set_aside = await why_set_aside(self.store, self.step, self.nnodes, keys)
+        except StoreError as exc:
+            log.warning("could not read the resume records of checkpoint-%d: %s", self.step, exc)
+        return self.set_aside
