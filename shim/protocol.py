@@ -50,6 +50,10 @@ KIND_FINAL = "final"
 KINDS = (KIND_PERIODIC, KIND_JIT, KIND_FINAL)
 
 
+# C0 controls, DEL and C1 controls: refused in every string of a message.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 class ProtocolError(ValueError):
     """A line that is not a valid message; ``op`` is its op when that much was readable."""
 
@@ -164,8 +168,10 @@ def _checked_text(value: Any, name: str, limit: int) -> str:
         raise ProtocolError("%s must be a string" % name)
     if not value or len(value) > limit:
         raise ProtocolError("%s must be 1 to %d characters" % (name, limit))
-    if "\x00" in value:
-        raise ProtocolError("%s contains NUL" % name)
+    if _CONTROL.search(value):
+        # Names and texts end up in logs, status documents and object keys: a line
+        # break or an escape sequence in one would forge a log line or drive a terminal.
+        raise ProtocolError("%s contains a control character" % name)
     try:
         value.encode("utf-8")  # a lone surrogate from a \\ud800 escape names no file
     except UnicodeEncodeError:
@@ -315,7 +321,8 @@ class Staging:
 
 @dataclass(frozen=True)
 class Sigterm:
-    """The trainer got SIGTERM at ``step``: the sidecar starts its deadline clock."""
+    """The trainer got SIGTERM at ``step``: its save begins (the sidecar measures it; its
+    own deadline runs from its own SIGTERM)."""
 
     OP: ClassVar[str] = "sigterm"
     step: int
@@ -521,7 +528,7 @@ class ErrorAnswer:
     @classmethod
     def of(cls, reason: str) -> ErrorAnswer:
         """An error answer whose text fits the schema, however long ``reason`` is."""
-        text = reason.replace("\x00", "?") or "refused"
+        text = _CONTROL.sub("?", reason) or "refused"
         return cls(error=text[:MAX_ERROR])
 
     def to_wire(self) -> Dict[str, Any]:

@@ -363,7 +363,7 @@ class Agent:
             result.retries,
             uri,
         )
-        termination.write(self.termination_log, termination.message(self.state, []))
+        self._record_termination(done=job)
         await asyncio.to_thread(self.staged_jobs.release, job)
         text = f"checkpoint-{job.step} ({job.kind}, {result.size} bytes) committed to {uri}"
         self._spawn(self.events.post(events.UPLOADED, text))
@@ -393,9 +393,21 @@ class Agent:
             uri,
             f", replacing {result.replaced}" if result.replaced else "",
         )
-        termination.write(self.termination_log, termination.message(self.state, []))
+        self._record_termination(done=job)
         text = f"final model of step {job.step} ({result.size} bytes) committed to {uri}"
         self._spawn(self.events.post(events.UPLOADED, text))
+
+    def _record_termination(self, done: staging.StagedJob | None = None) -> None:
+        """The termination message as things stand: what is committed, what is not yet
+        (``done``, committed this moment, aside), and the grace estimate. Written at each
+        change, not only on the way out: a native sidecar's SIGTERM comes after the
+        trainer's, and the pod's deadline (SIGKILL) may come before its own."""
+        waiting = [
+            row
+            for row in self.uploader.snapshot()
+            if done is None or (row["step"], row["kind"]) != (done.step, done.kind)
+        ]
+        termination.write(self.termination_log, termination.message(self.state, waiting))
 
     def _on_error(self, text: str) -> None:
         self.state.last_error = text
@@ -447,14 +459,22 @@ class Agent:
         server.on_close(self.closed)
 
     async def hello(self, peer: Peer, request: protocol.Hello) -> protocol.Answer:
+        # One entry per connection, never per claimed pid: a second connection saying the
+        # same pid (any process can) neither replaces nor speaks for the first (its ``bye``
+        # ends only its own entry), so no connection decides when the drain may end.
         clients = self.state.clients
-        if request.pid not in clients and len(clients) >= MAX_CLIENTS:
+        if self.server is not None:  # this process's earlier connections that are gone
+            open_now = self.server.open_connections()
+            for key in [k for k, c in clients.items() if c.pid == request.pid]:
+                if key not in open_now:
+                    del clients[key]
+        if peer.number not in clients and len(clients) >= MAX_CLIENTS:
             live = self.server.live_pids() if self.server is not None else set()
-            for pid in [pid for pid in clients if pid not in live]:
-                del clients[pid]
+            for key in [key for key, client in clients.items() if client.pid not in live]:
+                del clients[key]
             if len(clients) >= MAX_CLIENTS:
                 return protocol.ErrorAnswer.of(f"{MAX_CLIENTS} training processes are connected")
-        clients[request.pid] = ClientInfo(
+        clients[peer.number] = ClientInfo(
             pid=request.pid,
             rank=request.rank,
             node_rank=request.node_rank,
@@ -497,6 +517,8 @@ class Agent:
             self._check_grace()
         if streamed is not job:
             await self.uploader.submit(job)
+        if job.kind == protocol.KIND_JIT:
+            self._record_termination()
         log.info(
             "accepted checkpoint-%d (%s, %d files, %d bytes)",
             job.step,
@@ -568,9 +590,12 @@ class Agent:
         await self.uploader.withdraw(job, text)
 
     async def sigterm(self, peer: Peer, request: protocol.Sigterm) -> protocol.Answer:
-        if not self.grace.started:
-            log.info("the trainer got SIGTERM at step %d: grace clock started", request.step)
-        self.grace.start()
+        """Noted for the grace estimate only: when the sidecar stops waiting is decided by
+        its own SIGTERM (and, legacy, its own observation of the trainer), never by what a
+        connection says."""
+        if self.grace.trainer_sigterm_at is None:
+            log.info("the trainer says it got SIGTERM at step %d", request.step)
+        self.grace.trainer_said()
         return protocol.OkAnswer()
 
     async def progress(self, peer: Peer, request: protocol.Progress) -> None:
@@ -591,7 +616,7 @@ class Agent:
         return protocol.StatusAnswer(status=self.state.document())
 
     async def bye(self, peer: Peer, request: protocol.Bye) -> protocol.Answer:
-        client = self.state.clients.get(peer.pid) if peer.pid is not None else None
+        client = self.state.clients.get(peer.number)
         if client is not None:
             client.said_bye = True
             client.exit_code = request.exit_code

@@ -44,12 +44,15 @@ def run(args: argparse.Namespace) -> int:
 
     from sidecar.agent import Agent
     from sidecar.config import AgentConfig
+    from sidecar.logtext import EscapingFormatter
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s {layout.AGENT_CONTAINER} %(name)s: %(message)s",
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        EscapingFormatter(
+            f"%(asctime)s %(levelname)s {layout.AGENT_CONTAINER} %(name)s: %(message)s"
+        )
     )
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("aiobotocore").setLevel(logging.WARNING)
     logging.getLogger("botocore").setLevel(logging.WARNING)
     try:

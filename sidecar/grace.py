@@ -1,9 +1,13 @@
 """The grace-period clock and the "is the grace period long enough?" estimate.
 
-The clock starts at the first SIGTERM anyone saw (the shim's ``sigterm``
-message or the sidecar's own signal). The estimate uses what this pod
-measured: how long the JIT save took (SIGTERM to ``staged``) and how fast
-uploads went, applied to the size of the newest checkpoint.
+The deadline runs from the sidecar's own SIGTERM only. The shim's ``sigterm``
+message comes over a socket any process of the trainer container can write:
+one sent early (or forged) must not move the moment the sidecar stops
+waiting for a checkpoint staged later, so it only marks when the trainer's
+save began, for the estimate. The estimate uses what this pod measured: how
+long the JIT save took (the trainer's SIGTERM, else the sidecar's, to
+``staged``) and how fast uploads went, applied to the size of the newest
+checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass
 class GraceClock:
     grace_seconds: float
     margin: float
-    sigterm_at: float | None = None  # monotonic
+    sigterm_at: float | None = None  # monotonic, the sidecar's own SIGTERM
+    trainer_sigterm_at: float | None = None  # monotonic, as the trainer said (estimate only)
     save_seconds: float | None = None  # SIGTERM -> JIT staged, measured
     upload_bytes_per_second: float | None = None
     last_checkpoint_bytes: int = 0
@@ -26,6 +31,11 @@ class GraceClock:
     def start(self, now: float | None = None) -> None:
         if self.sigterm_at is None:
             self.sigterm_at = time.monotonic() if now is None else now
+
+    def trainer_said(self, now: float | None = None) -> None:
+        """The trainer says it got SIGTERM: its save starts now (the deadline does not)."""
+        if self.trainer_sigterm_at is None:
+            self.trainer_sigterm_at = time.monotonic() if now is None else now
 
     @property
     def started(self) -> bool:
@@ -40,9 +50,10 @@ class GraceClock:
 
     def saved(self, now: float | None = None) -> None:
         """A JIT checkpoint was staged: the save took this long."""
-        if self.sigterm_at is not None and self.save_seconds is None:
+        began = self.trainer_sigterm_at if self.trainer_sigterm_at is not None else self.sigterm_at
+        if began is not None and self.save_seconds is None:
             current = time.monotonic() if now is None else now
-            self.save_seconds = max(0.0, current - self.sigterm_at)
+            self.save_seconds = max(0.0, current - began)
 
     def uploaded(self, size: int, seconds: float, jit: bool) -> None:
         if seconds > 0 and size > 0:

@@ -12,6 +12,12 @@ DESTINATION is a job root: ``s3://bucket/prefix/<ns>/<job>``, or
 or a plain directory (a claim mounted by hand). S3 credentials and endpoint
 come from the usual env (``AWS_ACCESS_KEY_ID``, ``AWS_S3_ENDPOINT``, ...).
 Exit code: 0 when at least one checkpoint is valid, 1 when none is, 2 on errors.
+
+What a row says comes from the validity rule alone: the state, the step (from
+the object keys), and kind, nodes and time only from manifests that
+``manifest.decode`` accepted; every text is escaped before it reaches the
+terminal (``jitckpt/text.py``), so a planted manifest or a store's error
+message can neither move the cursor nor print a row of its own.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
+    from jitckpt.text import escape
     from sidecar import final
     from sidecar.config import AgentConfig
     from sidecar.setaside import scan
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         states, model = asyncio.run(collect())
     except (StoreError, OSError) as exc:
-        print(f"jitckpt ls: cannot read {root.uri}: {exc}", file=sys.stderr)
+        print(escape(f"jitckpt ls: cannot read {root.uri}: {exc}"), file=sys.stderr)
         return 2
     rows = [
         {
@@ -122,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         print(ROW.format(**HEADER))
         for state, row in zip(states, rows, strict=True):
             nodes = "-" if state.nnodes is None else str(state.nnodes)
-            print(ROW.format(**{**row, "nodes": nodes, "size": _size(state.size)}))
+            print(escape(ROW.format(**{**row, "nodes": nodes, "size": _size(state.size)})))
         if model is not None and final_row is not None:
             shown = {"step": "final", "kind": "model", "nodes": "-", "size": _size(model.size)}
-            print(ROW.format(**{**final_row, **shown}))
+            print(escape(ROW.format(**{**final_row, **shown})))
     return 0 if any(s.valid for s in states) else 1

@@ -9,8 +9,12 @@ plant a manifest. ``decode`` is the one place a manifest is read, and it
 validates everything before any other code sees it: relative, normalized
 paths only (so a restore cannot write outside its target, nor a file land in
 ``.jitckpt/``), no duplicates, bounded counts, sizes, steps and node numbers,
-real integers (a JSON ``true`` is not 1). ``check_path`` is the same path
-rule for names the trainer stages, so whatever is uploaded can be restored.
+real integers (a JSON ``true`` is not 1), and the free-text fields held to
+what the sidecar writes there: ``pod`` and ``job`` Kubernetes names, ``time``
+an ISO 8601 time, so nothing a manifest says can carry a line break or an
+escape sequence to a log or a terminal (``jitckpt ls`` prints them).
+``check_path`` is the same path rule for names the trainer stages, so
+whatever is uploaded can be restored.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
 MAX_DEPTH = 32  # path components
 MAX_TEXT = 253  # pod and job names (a DNS subdomain)
 _CRC32C = re.compile(r"[A-Za-z0-9+/]{6}==")  # base64 of 4 bytes
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # a DNS subdomain (pod and job names)
 
 
 class PathError(ValueError):
@@ -98,6 +103,24 @@ class Manifest(BaseModel):
         default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
     )
     files: list[FileEntry] = Field(max_length=MAX_FILES)
+
+    @field_validator("pod", "job")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value and not _NAME.fullmatch(value):
+            raise ValueError("must be empty or a Kubernetes name (a-z, 0-9, '-', '.')")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("must be an ISO 8601 time") from None
+        if not value.isascii() or not value.isprintable() or parsed.tzinfo is None:
+            raise ValueError("must be an ISO 8601 time with its offset")
+        return value
 
     @field_validator("kind")
     @classmethod

@@ -1,10 +1,17 @@
 """Restore at start: the newest valid checkpoint into ``$JITCKPT_DIR/checkpoints/``.
 
 Checkpoints are tried newest first; a torn one is never used, and each one
-skipped is reported with its reason (status, log, metrics). A valid one whose
-bytes do not match its manifest on download is treated as torn too and the
-next older one is tried. A store that cannot be read at all is an error, not
-"no checkpoint": starting fresh would silently throw the job's progress away.
+skipped is reported once with its reason (status, log, metrics). Anything
+that stops one checkpoint from being restored skips it and the next older
+one is tried: bytes that do not match the manifest, an object the store
+refuses after its retries (one in an archive storage class), a checkpoint
+larger than the local volume, a local write that fails. A restore ends with
+a valid checkpoint in place or with nothing restored, never half way.
+A store that cannot be read at all is an error, not "no checkpoint":
+starting fresh would silently throw the job's progress away. So after any
+skip the store itself caused, it is asked again for that checkpoint's
+listing; if that fails too, the store is unreachable and restore stops
+(``Unreachable``) instead of skipping every checkpoint one by one.
 The download is the union of every node's files, so each node's trainer
 finds what it needs (its own RNG states, the shared model and optimizer).
 
@@ -37,7 +44,7 @@ from sidecar import manifest as mf
 from sidecar.commit import FILES_IN_FLIGHT
 from sidecar.setaside import scan
 from sidecar.staging import SHARED_DIR_MODE, shared_dir
-from sidecar.storage.base import Store, VerificationError
+from sidecar.storage.base import Store, StoreError, VerificationError
 from sidecar.validity import CheckpointState
 
 RECORD_NAME = "restored.json"  # in the state directory: what was restored, for the run phase
@@ -63,6 +70,11 @@ class RestoreResult:
     seconds: float = 0.0
     skipped: list[Skipped] = field(default_factory=list)
     reason: str = ""  # why nothing was restored
+
+    def skip(self, step: int, reason: str) -> None:
+        """``step`` will not be restored: said once, in the log and in the status."""
+        log.warning("skipping checkpoint-%d: %s", step, reason)
+        self.skipped.append(Skipped(step, reason))
 
     def answer(self) -> dict[str, object] | None:
         """The ``restored`` field of the ``hello`` answer."""
@@ -234,24 +246,64 @@ async def _fetch_all(store: Store, step: int, files: dict[str, mf.FileEntry], ta
     await asyncio.gather(*(fetch(p, e) for p, e in files.items()))
 
 
+class Unreachable(StoreError):
+    """The store stopped answering during restore; the message says since when."""
+
+
+def _fits(checkpoints_dir: Path, state: CheckpointState) -> str:
+    """Why ``state`` cannot fit the local volume (its size is larger than the volume), or
+    ""; what is merely short of free space fails on its write and is skipped then."""
+    size = sum(e.size for e in state.files().values())
+    checkpoints_dir.parent.mkdir(parents=True, exist_ok=True)  # the volume's mount point
+    volume = os.statvfs(checkpoints_dir.parent)
+    capacity = volume.f_blocks * volume.f_frsize
+    if size > capacity:
+        return f"its {size} bytes are more than the local volume's {capacity}"
+    return ""
+
+
+async def _still_reachable(store: Store, step: int, why: str) -> None:
+    """After a failure the store may have caused: its listing of that checkpoint must
+    still come back, or the store is unreachable (raised, fatal)."""
+    try:
+        await store.list_objects(mf.checkpoint_dir(step) + "/")
+    except (StoreError, OSError) as exc:
+        raise Unreachable(f"the store stopped answering ({why}; then: {exc})") from exc
+
+
+async def _attempt(store: Store, state: CheckpointState, checkpoints_dir: Path) -> Path | str:
+    """Restore ``state``: its path, or why it was skipped (the store being reachable)."""
+    try:
+        too_large = await asyncio.to_thread(_fits, checkpoints_dir, state)
+        if too_large:
+            return too_large
+        return await download(store, state, checkpoints_dir)
+    except VerificationError as exc:
+        return f"download failed verification: {exc}"
+    except StoreError as exc:
+        why = f"download failed: {exc}"
+        await _still_reachable(store, state.step, why)
+        return why
+    except Exception as exc:  # the checkpoint's: a path clash, a full disk, a refused file
+        return f"could not be written here: {type(exc).__name__}: {exc}"
+
+
 async def restore(store: Store, checkpoints_dir: Path) -> RestoreResult:
     """Find and download the newest valid checkpoint."""
     started = time.monotonic()
     result = RestoreResult()
     async for state in scan(store):
         if not state.valid:
-            log.warning("skipping checkpoint-%d: %s", state.step, state.reason)
-            result.skipped.append(Skipped(state.step, state.reason))
+            if state.store_error:
+                await _still_reachable(store, state.step, state.reason)
+            result.skip(state.step, state.reason)
             continue
-        try:
-            path = await download(store, state, checkpoints_dir)
-        except VerificationError as exc:
-            reason = f"download failed verification: {exc}"
-            log.warning("skipping checkpoint-%d: %s", state.step, reason)
-            result.skipped.append(Skipped(state.step, reason))
+        outcome = await _attempt(store, state, checkpoints_dir)
+        if isinstance(outcome, str):
+            result.skip(state.step, outcome)
             continue
         result.step = state.step
-        result.path = str(path)
+        result.path = str(outcome)
         result.size = sum(e.size for e in state.files().values())
         break
     else:

@@ -138,6 +138,10 @@ class ProtocolServer:
         """Call ``callback`` once for every connection that ends, however it ends."""
         self._on_close.append(callback)
 
+    def open_connections(self) -> set[int]:
+        """Numbers of the connections open now (leases aside)."""
+        return {peer.number for peer in self._connections}
+
     def live_pids(self) -> set[int]:
         """Pids that still hold a connection (after ``hello``) or a lease open."""
         return {

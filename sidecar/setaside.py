@@ -120,11 +120,19 @@ async def why_set_aside(store: Store, step: int, nnodes: int, keys: set[str]) ->
 
 async def scan(store: Store) -> AsyncIterator[CheckpointState]:
     """``validity.scan``, where a set-aside checkpoint is not valid for a restore: its
-    ``set_aside`` says why, and so does its ``reason``."""
+    ``set_aside`` says why, and so does its ``reason``. A store error while the records
+    are read makes that checkpoint torn (``store_error``), as a judging error does."""
     async for state in scan_valid(store):
         if state.valid:
             keys = {o.key for o in state.objects}
-            why = await why_set_aside(store, state.step, state.nnodes or 0, keys)
+            try:
+                why = await why_set_aside(store, state.step, state.nnodes or 0, keys)
+            except StoreError as exc:  # as ``validity.scan``: that checkpoint torn, not the restore
+                state.valid = False
+                state.store_error = True
+                state.reason = f"the store refused to read its resume records: {exc}"
+                yield state
+                continue
             if why:
                 state.valid = False
                 state.set_aside = why

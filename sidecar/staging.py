@@ -386,6 +386,7 @@ class StagingArea:
                     ) from None
                 except OSError as exc:
                     raise StagingError(f"file {name!r} in {job_id}: {_reason(exc)}") from None
+            _check_fits(directory, opened)
         except BaseException:
             for done in opened:
                 done.close()
@@ -440,8 +441,8 @@ class StagingArea:
             try:
                 record = _Record.parse(json.loads(path.read_text()))
                 self._job_id(record.id)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring unreadable staging record %s: %s", path, exc)
+            except (OSError, ValueError) as exc:  # StagingError is a ValueError
+                log.warning("ignoring an invalid staging record %s: %s", path.name, exc)
                 path.unlink()
                 continue
             try:
@@ -472,7 +473,15 @@ class StagingArea:
 
 @dataclass(frozen=True)
 class _Record:
-    """A job record as the state directory holds it (see ``StagedJob.record``)."""
+    """A job record as the state directory holds it (see ``StagedJob.record``).
+
+    The records are the sidecar's own, but a pod spec may once have let another
+    container write them (DESIGN 7: the webhook refuses such pods now), and a
+    record read back is a promise the sidecar is about to act on with the store's
+    credentials. So it is held to the rules of the ``staged`` request it stands
+    for: a kind of the protocol, a step in range, names ``manifest.check_path``
+    allows (never under ``.jitckpt/``, where a file would pass for a manifest),
+    each once, and real integers; anything else is refused (ValueError)."""
 
     id: str
     step: int
@@ -481,23 +490,66 @@ class _Record:
     files: list[tuple[str, int, int, int]]  # path, device, inode, size
 
     @classmethod
-    def parse(cls, raw: dict[str, object]) -> _Record:
-        entries = raw["files"]
-        if not isinstance(entries, list):
-            raise TypeError("files is not a list")
+    def parse(cls, raw: object) -> _Record:
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        entries = raw.get("files")
+        if not isinstance(entries, list) or not 0 < len(entries) <= mf.MAX_FILES:
+            raise ValueError(f"files is not a list of 1 to {mf.MAX_FILES} entries")
+        kind = raw.get("kind")
+        if kind not in protocol.KINDS:
+            raise ValueError(f"kind {str(kind)[:32]!r} is not one of {', '.join(protocol.KINDS)}")
+        staged_at = raw.get("staged_at")
+        if isinstance(staged_at, bool) or not isinstance(staged_at, int | float):
+            raise ValueError("staged_at is not a number")
+        job_id = raw.get("id")
+        if not isinstance(job_id, str):
+            raise ValueError("id is not a string")
+        files = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+                raise ValueError("a files entry has no path")
+            numbers = [_record_int(entry, key) for key in ("device", "inode", "size")]
+            files.append((entry["path"], *numbers))
+        _checked_names(tuple(path for path, *_ in files))
         return cls(
-            id=str(raw["id"]),
-            step=int(str(raw["step"])),
-            kind=str(raw["kind"]),
-            staged_at=float(str(raw["staged_at"])),
-            files=[
-                (str(e["path"]), int(e["device"]), int(e["inode"]), int(e["size"])) for e in entries
-            ],
+            id=job_id,
+            step=_record_int(raw, "step", protocol.MAX_STEP),
+            kind=str(kind),
+            staged_at=float(staged_at),
+            files=files,
         )
 
     def job(self, files: list[OpenedFile]) -> StagedJob:
         return StagedJob(
             id=self.id, step=self.step, kind=self.kind, files=files, staged_at=self.staged_at
+        )
+
+
+def _record_int(raw: dict[str, object], key: str, high: int = 2**64 - 1) -> int:
+    value = raw.get(key)
+    if type(value) is not int or not 0 <= value <= high:
+        raise ValueError(f"{key} is not an integer from 0 to {high}")
+    return value
+
+
+def _check_fits(directory: int, opened: list[OpenedFile]) -> None:
+    """Staged files are on the staging volume, so together they fit in it: a larger size
+    (a sparse file claiming terabytes it does not hold) is refused before any work is
+    made for it."""
+    volume = os.fstatvfs(directory)
+    capacity = volume.f_blocks * volume.f_frsize
+    sizes = {(f.device, f.inode): f.size for f in opened}
+    for f in opened:
+        if f.size > capacity:
+            raise StagingError(
+                f"file {f.name!r} claims {f.size} bytes, more than the staging volume's "
+                f"{capacity} (a sparse file?)"
+            )
+    if sum(sizes.values()) > capacity:
+        raise StagingError(
+            f"the files claim {sum(sizes.values())} bytes together, more than the staging "
+            f"volume's {capacity}"
         )
 
 

@@ -93,7 +93,8 @@ class AgentState:
             "superseded_count": self.superseded_count,
             "progress": self.progress,
             "clients": [asdict(c) for c in self.clients.values()],
-            "sigterm": self.grace.started,
+            "sigterm": self.grace.started,  # the sidecar's own: its deadline runs
+            "trainer_sigterm": self.grace.trainer_sigterm_at is not None,  # as the trainer said
             "seconds_to_deadline": None if remaining is None else round(remaining, 1),
             "grace": self.grace.report(),
             "last_error": self.last_error,

@@ -2,7 +2,9 @@
 
 Two lanes share the store's connection slots. The urgent lane takes JIT
 checkpoints and the final model (committed by ``final.commit`` to
-``final/``); the background lane takes periodic ones, newest first (LIFO:
+``final/``), each as soon as it is queued, side by side (a stream one
+connection holds open never keeps another's checkpoint waiting); the
+background lane takes periodic ones one at a time, newest first (LIFO:
 after a burst of saves the freshest state is safe soonest). While
 anything urgent is queued or uploading, the background lane waits before
 each part, so a JIT upload gets the whole bandwidth within a part's time,
@@ -214,42 +216,58 @@ class Uploader:
         await asyncio.gather(self._lane(urgent=True), self._lane(urgent=False))
 
     async def _lane(self, urgent: bool) -> None:
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(lambda: self._pick(urgent) is not None)
-                job = self._pick(urgent)
-                assert job is not None
-                del self._pending[job.id]
-                self._active[job.id] = job
-                self._update()
-            requeue = False
-            why: str | None = None
-            try:
-                gate = None if urgent else self._urgent_clear
-                why = await self._unless_superseded(job, self._upload(job, gate=gate))
-            except FileChanged as exc:
-                failures = self._failed(job, exc)
-                requeue = failures < MAX_SOURCE_FAILURES
-                if not requeue:
-                    await self._drop(job, f"dropped after {failures} attempts: {exc}")
-            except (StoreError, OSError) as exc:
-                self._failed(job, exc)
-                requeue = True  # the store may come back; the job's files are held open
+        """Take jobs of one lane, newest first. Periodic ones go one at a time; each urgent
+        one gets its own task at once: a JIT checkpoint streamed by a connection that holds
+        its stream open must not keep a complete one from another connection waiting (the
+        store's slots still bound what all of them have in flight)."""
+        async with asyncio.TaskGroup() as carried:
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self._pick(urgent) is not None)
+                    job = self._pick(urgent)
+                    assert job is not None
+                    del self._pending[job.id]
+                    self._active[job.id] = job
+                    self._update()
+                if urgent:
+                    carried.create_task(self._carry(job, urgent))
+                else:
+                    await self._carry(job, urgent)
+
+    async def _carry(self, job: StagedJob, urgent: bool) -> None:
+        """Upload ``job`` once: committed, dropped, superseded, or back in the queue."""
+        requeue = False
+        why: str | None = None
+        try:
+            gate = None if urgent else self._urgent_clear
+            why = await self._unless_superseded(job, self._upload(job, gate=gate))
+        except FileChanged as exc:
+            failures = self._failed(job, exc)
+            requeue = failures < MAX_SOURCE_FAILURES
+            if not requeue:
+                await self._drop(job, f"dropped after {failures} attempts: {exc}")
+        except (StoreError, OSError) as exc:
+            self._failed(job, exc)
+            requeue = True  # the store may come back; the job's files are held open
+        except Exception as exc:  # one job's defect, never the lane's
+            # Whatever one job holds (a record read back, a name, a kind) must not end
+            # the lane that every later checkpoint waits on: that job is dropped.
+            await self._drop(job, f"dropped: cannot be uploaded: {type(exc).__name__}: {exc}")
+        if requeue:
+            why = self._behind_commit(job)  # its manifest failed after a newer commit
+            requeue = why is None
+        if requeue:
+            backoff = asyncio.sleep(min(RETRY_CAP, 2.0 ** self._failures[job.id]))
+            why = await self._unless_superseded(job, backoff)
+            requeue = why is None
+        if why is not None:
+            await self._supersede(job, why)
+        async with self._changed:
+            del self._active[job.id]
             if requeue:
-                why = self._behind_commit(job)  # its manifest failed after a newer commit
-                requeue = why is None
-            if requeue:
-                backoff = asyncio.sleep(min(RETRY_CAP, 2.0 ** self._failures[job.id]))
-                why = await self._unless_superseded(job, backoff)
-                requeue = why is None
-            if why is not None:
-                await self._supersede(job, why)
-            async with self._changed:
-                del self._active[job.id]
-                if requeue:
-                    self._pending[job.id] = job
-                self._update()
-                self._changed.notify_all()
+                self._pending[job.id] = job
+            self._update()
+            self._changed.notify_all()
 
     async def _unless_superseded(
         self, job: StagedJob, work: Coroutine[Any, Any, None]

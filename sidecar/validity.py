@@ -11,14 +11,19 @@ object's is a composite and a directory keeps none, so there the CRC32C is
 checked by every download instead).
 Files that several nodes upload under the same relative path must be the same
 bytes (same size and CRC32C); if they differ the checkpoint is torn, because
-the store holds only one of them.
+the store holds only one of them. No listed path may be a directory of another
+(``d0`` and ``d0/f``): no restore could write both.
+A checkpoint that cannot be judged because the store refused one of its
+objects (a manifest in an archive storage class, an object a PVC holds as a
+symlink) is torn with that reason, and ``store_error`` says so: restore then
+checks that the store as a whole still answers before it tries the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -26,7 +31,7 @@ from pydantic import ValidationError
 
 from shim import layout
 from sidecar import manifest as mf
-from sidecar.storage.base import ObjectInfo, Store, StoreError
+from sidecar.storage.base import ObjectInfo, ObjectTooLarge, Store, StoreError
 
 HEAD_CONCURRENCY = 16
 # Bounds on one checkpoint as a whole (each manifest has its own, in manifest.py): what a
@@ -47,6 +52,7 @@ class CheckpointState:
     objects: list[ObjectInfo]
     manifests: list[mf.Manifest] = field(default_factory=list)
     set_aside: str = ""  # why a valid one is not restored (``setaside.scan`` says)
+    store_error: bool = False  # torn because the store refused a request, not by its content
 
     @property
     def size(self) -> int:
@@ -111,8 +117,10 @@ async def _load_manifests(
             loaded = mf.decode(await store.get_bytes(key, mf.MAX_MANIFEST_BYTES))
         except ValueError as exc:
             return None, f"manifest {name} is invalid: {_first_line(exc)}"
+        except ObjectTooLarge as exc:
+            return None, f"manifest {name} is too large: {_first_line(exc)}"
         except StoreError as exc:
-            return None, f"manifest {name} could not be read: {_first_line(exc)}"
+            raise StoreError(f"manifest {name} could not be read: {_first_line(exc)}") from exc
         if loaded.node_rank != rank or loaded.step != step:
             return None, f"manifest {name} names node {loaded.node_rank}, step {loaded.step}"
         return loaded, ""
@@ -199,12 +207,26 @@ async def judge(store: Store, step: int, objects: list[ObjectInfo]) -> Checkpoin
                 return state
             if store.keeps_checksums and entry.parts == 1:
                 to_check.append(entry)
+    clash = _path_clash(seen)
+    if clash:
+        state.reason = clash
+        return state
     mismatch = await _checksum_mismatch(store, step, to_check)
     if mismatch:
         state.reason = mismatch
         return state
     state.valid = True
     return state
+
+
+def _path_clash(paths: Mapping[str, object]) -> str:
+    """Why the listed paths cannot all be files at once (one is a directory of another)."""
+    for path in paths:
+        for at in range(path.count("/")):
+            parent = path.rsplit("/", at + 1)[0]
+            if parent in paths:
+                return f"{parent} is listed as a file and as a directory of {path}"
+    return ""
 
 
 async def _checksum_mismatch(store: Store, step: int, entries: list[mf.FileEntry]) -> str:
@@ -226,7 +248,14 @@ async def _checksum_mismatch(store: Store, step: int, entries: list[mf.FileEntry
 
 
 async def scan(store: Store) -> AsyncIterator[CheckpointState]:
-    """Every checkpoint in the store, newest step first, each judged when reached."""
+    """Every checkpoint in the store, newest step first, each judged when reached. Only
+    the listing may raise: a store error while one checkpoint is judged makes that one
+    torn (``store_error``)."""
     groups = group_by_step(await store.list_objects())
     for step in sorted(groups, reverse=True):
-        yield await judge(store, step, groups[step])
+        try:
+            state = await judge(store, step, groups[step])
+        except StoreError as exc:
+            reason = f"the store refused a request while it was checked: {_first_line(exc)}"
+            state = CheckpointState(step, False, reason, groups[step], store_error=True)
+        yield state

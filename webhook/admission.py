@@ -88,7 +88,9 @@ def _pod_shape_problem(obj: Any) -> str | None:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return "the pod has no spec"
-    for key in ("containers", "initContainers", "volumes"):
+    if not isinstance(spec.get("containers"), list):
+        return "the pod has no spec.containers list"
+    for key in ("containers", "initContainers", "ephemeralContainers", "volumes"):
         if key in spec and not _named_list(spec[key]):
             return f"spec.{key} is not a list of named items"
     grace = spec.get("terminationGracePeriodSeconds")

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from jitckpt.text import escape
+
 EXIT_BAD_INPUT = 2
 COLUMNS = (
     "NAMESPACE",
@@ -34,6 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _table(rows: list[list[str]]) -> str:
+    """The rows aligned; every cell escaped (a pod's annotations are its owner's text)."""
+    rows = [[escape(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines) + "\n"

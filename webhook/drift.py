@@ -7,7 +7,14 @@ everything that was added, so ``strip`` gives back the admitted pod; then
   digest of the spec patch it would make differs from the recorded one);
 - ``edited``: the injected parts differ from what the recorded configuration
   injects (someone changed the sidecar, a volume, the trainer's env...);
-- ``missing``: not injected, but the current configuration would inject it.
+- ``missing``: not injected, but the current configuration would inject it;
+- ``sidecar``: a jitckpt container or volume is not what the webhook would
+  inject now (image, command, args, env, Secret references, mounts, security
+  context; the volumes' sources). The annotation is the pod's own claim, so
+  it is only used to take the injection out again: what the containers run
+  and reach is compared with the injection the webhook would make now, and a
+  jitckpt-named container or volume the webhook would not make at all is
+  drift too. The Secret shown is the one the jitckpt containers reference.
 
 Comparisons of injected parts ignore fields the API server adds by default
 and compare resource quantities by value, so ``kubectl get -o yaml`` output
@@ -26,11 +33,93 @@ from webhook.injection import CONFIG_FIELDS, build
 from webhook.mutate import NamespaceInfo, mutate
 from webhook.settings import PREFIX, SOURCE_NAMESPACE, parse_quantity
 from webhook.status import (
+    OUR_VOLUMES,
     InjectionStatus,
     looks_injected,
     read_status,
     strip,
 )
+
+# What a jitckpt container runs and reaches: compared both ways with the webhook's own.
+SIDECAR_FIELDS = (
+    "image",
+    "command",
+    "args",
+    "env",
+    "envFrom",
+    "volumeMounts",
+    "volumeDevices",
+    "securityContext",
+    "restartPolicy",
+)
+CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+OUR_PREFIX = "jitckpt-"
+
+
+def _ours(pod: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every container of ``pod`` named like jitckpt's, by (list, name)."""
+    spec = pod.get("spec") or {}
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for key in CONTAINER_LISTS:
+        for item in spec.get(key) or []:
+            name = item.get("name") if isinstance(item, dict) else None
+            if isinstance(name, str) and name.startswith(OUR_PREFIX):
+                found[(key, name)] = item
+    return found
+
+
+def _both_ways(want: Any, have: Any, path: str) -> list[str]:
+    """Where ``have`` and ``want`` differ, an addition in ``have`` included."""
+    return differences(want, have, path) or differences(have, want, path)
+
+
+def sidecar_drift(expected: dict[str, Any], live: dict[str, Any]) -> list[str]:
+    """How the jitckpt containers and volumes of ``live`` differ from ``expected``'s (the
+    pod as the webhook would inject it now)."""
+    out: list[str] = []
+    wanted = _ours(expected)
+    for (key, name), have in _ours(live).items():
+        want = wanted.get((key, name))
+        if want is None:
+            out.append(f"{key}/{name} is not a container the webhook injects")
+            continue
+        for field_name in SIDECAR_FIELDS:
+            if _both_ways(want.get(field_name), have.get(field_name), field_name):
+                shown = str(have.get(field_name))[:120]
+                out.append(f"{key}/{name}: {field_name} is not what the webhook injects ({shown})")
+    volumes = {_at(v, "name"): v for v in _items(_at(expected, "spec", "volumes"))}
+    for have in _items(_at(live, "spec", "volumes")):
+        volume = _at(have, "name")
+        ours = isinstance(volume, str) and (volume in OUR_VOLUMES or volume.startswith(OUR_PREFIX))
+        if ours and _both_ways(volumes.get(volume), have, "volume"):
+            out.append(f"volumes/{volume} is not the volume the webhook injects")
+    return out
+
+
+def _at(node: Any, *keys: str) -> Any:
+    """``node[k1][k2]...`` where each level is a mapping, else None."""
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _items(node: Any) -> list[Any]:
+    return node if isinstance(node, list) else []
+
+
+def referenced_secrets(pod: dict[str, Any]) -> list[str]:
+    """The Secrets the jitckpt containers of ``pod`` reference (env, envFrom, volumes)."""
+    names: list[object] = []
+    mounted: set[object] = set()
+    for container in _ours(pod).values():
+        names += [_at(s, "secretRef", "name") for s in _items(container.get("envFrom"))]
+        names += [_at(e, "valueFrom", "secretKeyRef", "name") for e in _items(container.get("env"))]
+        mounted |= {_at(m, "name") for m in _items(container.get("volumeMounts"))}
+    for volume in _items(_at(pod, "spec", "volumes")):
+        if _at(volume, "name") in mounted:
+            names.append(_at(volume, "secret", "secretName"))
+            names += [_at(i, "secret", "name") for i in _items(_at(volume, "projected", "sources"))]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str)))
 
 
 @dataclass
@@ -150,7 +239,7 @@ def audit_pod(
         row.notes.append("a jitckpt container without the jitckpt.io/status annotation")
         return row
     row.version, row.mode, row.destination = status.version, status.mode, status.destination
-    row.secret = status.config.get("s3-secret", "")
+    row.secret = ",".join(referenced_secrets(pod))
     original = strip(pod, status)
     trainer = jobs.detect(original)
     if isinstance(trainer, jobs.NotTrainer):
@@ -186,4 +275,9 @@ def audit_pod(
     elif patches.spec_digest(original, current.pod) != status.patchSha256:
         row.drift.append("config")
         row.notes.append("the current configuration would inject it differently")
+    if current.injected:
+        unlike = sidecar_drift(current.pod, pod)
+        if unlike:
+            row.drift.append("sidecar")
+            row.notes += unlike
     return row

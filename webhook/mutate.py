@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook import jobs, settings
+from webhook import isolation, jobs, settings
 from webhook.config import VERSION, WebhookConfig
 from webhook.injection import build
-from webhook.status import OUR_VOLUMES, looks_injected
+from webhook.status import looks_injected
 
 SYSTEM_NAMESPACES = ("kube-system",)
 
@@ -25,6 +25,7 @@ SKIP_OPTED_OUT = "opted-out"
 SKIP_NO_DESTINATION = "no-destination"
 SKIP_HOST_NETWORK = "host-network"
 SKIP_SHARED_PROCESSES = "shared-process-namespace"
+SKIP_EXPOSED = "exposes-sidecar"
 SKIP_UNKNOWN_NODES = "unknown-nodes"
 SKIP_SYSTEM_NAMESPACE = "system-namespace"
 SKIP_NOT_OPTED_IN = "not-opted-in"
@@ -36,6 +37,7 @@ SKIP_REASONS = (
     SKIP_NO_DESTINATION,
     SKIP_HOST_NETWORK,
     SKIP_SHARED_PROCESSES,
+    SKIP_EXPOSED,
     SKIP_UNKNOWN_NODES,
     SKIP_SYSTEM_NAMESPACE,
     SKIP_NOT_OPTED_IN,
@@ -82,14 +84,6 @@ def _strings(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
-
-
-def _volume_clash(pod: dict[str, Any]) -> str | None:
-    """A volume of the pod's own named like one of ours (containers: ``looks_injected``)."""
-    for volume in pod["spec"].get("volumes") or []:
-        if volume.get("name") in OUR_VOLUMES:
-            return str(volume["name"])
-    return None
 
 
 def mutate(
@@ -143,6 +137,9 @@ def mutate(
             "shareProcessNamespace pods are not injected: the trainer could read the "
             "sidecar's environment (the store's credentials) through /proc",
         )
+    exposed = isolation.exposure(pod)
+    if exposed is not None:
+        return _skip(pod, SKIP_EXPOSED, f"{exposed}; not injected")
     if isinstance(trainer, jobs.UnknownNodes):
         return _skip(
             pod,
@@ -177,14 +174,6 @@ def mutate(
             "defaults: nothing to checkpoint to",
             warnings=resolution.warnings,
         )
-    clash = _volume_clash(pod)
-    if clash is not None:
-        return _skip(
-            pod,
-            SKIP_ALREADY_INJECTED,
-            f"the pod already has a volume {clash!r} named like jitckpt's own; not injected",
-        )
-
     injected = build(
         pod,
         trainer,

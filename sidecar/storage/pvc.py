@@ -7,6 +7,13 @@ directory made on the way is fsynced into its parent too, or a crash could
 lose the directory entry of a file already called durable.
 The filesystem keeps no checksum: validity checks sizes here, and every
 restore still verifies the manifest's CRC32C.
+
+The claim is a store like a bucket: not trusted (DESIGN 7). Whoever else
+mounts it may plant a symlink, a FIFO or a device where an object should be.
+Only regular files are objects: a listing skips anything else, and reads
+walk down from the job root with ``safefs`` (no symlink followed, a regular
+file or nothing), so a planted link is a missing object, never a read
+outside the job root.
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 import uuid
 from pathlib import Path
 
 import google_crc32c
 
-from sidecar import checksum
+from sidecar import checksum, safefs
 from sidecar.safefs import OpenedFile
 from sidecar.storage.base import (
     ObjectInfo,
@@ -125,19 +133,27 @@ class DirectoryStore(Store):
                 if not key.startswith(prefix):
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    stat = full.stat()
-                    found.append(ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime))
+                    info = full.lstat()
+                    if stat.S_ISREG(info.st_mode):  # a symlink or a FIFO is no object
+                        found.append(ObjectInfo(key=key, size=info.st_size, mtime=info.st_mtime))
         return found
 
     async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
         return await asyncio.to_thread(self._list, prefix)
 
-    async def head(self, key: str) -> ObjectInfo | None:
+    def _head(self, key: str) -> ObjectInfo | None:
         try:
-            stat = await asyncio.to_thread(self._path(key).stat)
-        except FileNotFoundError:
-            return None
-        return ObjectInfo(key=key, size=stat.st_size, mtime=stat.st_mtime)
+            source = self._open(key)
+        except (FileNotFoundError, safefs.UnsafeError):
+            return None  # what the listing would not show either
+        try:
+            info = os.fstat(source.fd)
+        finally:
+            source.close()
+        return ObjectInfo(key=key, size=info.st_size, mtime=info.st_mtime)
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await asyncio.to_thread(self._head, key)
 
     async def put_file(
         self,
@@ -152,14 +168,26 @@ class DirectoryStore(Store):
         check_sent(source.name, crc32c, written)
         return PutResult(size=source.size, parts=1, retries=0, crc32c=written)
 
+    def _open(self, key: str) -> OpenedFile:
+        """The object ``key``: a regular file reached from the job root without following
+        a symlink (anything else raises OSError)."""
+        root = safefs.open_root(self.root)
+        try:
+            return safefs.open_regular(root, key, None)
+        finally:
+            os.close(root)
+
     def _get(self, key: str, fd: int, size: int, crc32c: str) -> None:
         crc = 0
         written = 0
-        with self._path(key).open("rb") as src:
-            while written <= size and (chunk := src.read(COPY_CHUNK)):
+        source = self._open(key)
+        try:
+            while written <= size and (chunk := os.pread(source.fd, COPY_CHUNK, written)):
                 os.pwrite(fd, chunk, written)
                 written += len(chunk)
                 crc = google_crc32c.extend(crc, chunk)
+        finally:
+            source.close()
         if written != size:
             raise VerificationError(f"{key}: {written} bytes, manifest says {size}")
         if checksum.encode(crc) != crc32c:
@@ -170,16 +198,20 @@ class DirectoryStore(Store):
             await asyncio.to_thread(self._get, key, fd, size, crc32c)
         except FileNotFoundError as exc:
             raise VerificationError(f"{key}: missing") from exc
+        except safefs.UnsafeError as exc:
+            raise VerificationError(f"{key}: {exc.strerror}") from exc
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(atomic_write, self._path(key), None, data)
 
     def _read_small(self, key: str, max_size: int) -> bytes:
-        with self._path(key).open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > max_size:
-                raise ObjectTooLarge(f"{key} is {size} bytes, more than {max_size}")
-            data = handle.read(max_size + 1)  # never more, even if it grew meanwhile
+        source = self._open(key)
+        try:
+            if source.size > max_size:
+                raise ObjectTooLarge(f"{key} is {source.size} bytes, more than {max_size}")
+            data = os.pread(source.fd, max_size + 1, 0)  # never more, even if it grew meanwhile
+        finally:
+            source.close()
         if len(data) > max_size:
             raise ObjectTooLarge(f"{key} is more than {max_size} bytes")
         return data

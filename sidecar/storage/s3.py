@@ -51,6 +51,7 @@ WRITE_CHUNK = 512 * 1024
 # A body smaller than a part takes room for 1/SMALL_BODIES_PER_PART of one among those in
 # flight, so small files go several per part without opening a connection each at will.
 SMALL_BODIES_PER_PART = 4
+MAX_PARTS = 10_000  # S3's most parts of one multipart upload
 # Buffers per vectored write: well under the kernel's IOV_MAX (1024).
 IOV_BATCH = 256
 
@@ -133,6 +134,8 @@ class S3Store(Store):
         self.single_put_max = max(part_size, single_put_max or part_size)
         # Bytes of request bodies in flight: ``concurrency`` parts' worth (see slots.py).
         self._slots = Slots(concurrency * part_size)
+        # Parts of one multipart upload under way at once (small ones share a part's room).
+        self._senders = concurrency * SMALL_BODIES_PER_PART
         self.range_size = download_range_size
         self._get_slots = asyncio.Semaphore(download_concurrency)
         self.policy = RetryPolicy(attempts=max_attempts)
@@ -291,11 +294,13 @@ class S3Store(Store):
         )
         upload_id = created["UploadId"]
         size = source.size
-        count = (size + self.part_size - 1) // self.part_size
+        # S3 takes at most MAX_PARTS parts: a file larger than that many parts gets larger ones.
+        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        count = (size + part_size - 1) // part_size
 
         async def part(number: int) -> tuple[dict[str, Any], int, int]:
-            offset = (number - 1) * self.part_size
-            length = min(self.part_size, size - offset)
+            offset = (number - 1) * part_size
+            length = min(part_size, size - offset)
             async with self._slot(gate, length):
                 data = await asyncio.to_thread(source.pread, offset, length)
                 value = google_crc32c.value(data)
@@ -315,8 +320,19 @@ class S3Store(Store):
                 sent = {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32C": crc}
                 return sent, value, length
 
+        done: list[tuple[dict[str, Any], int, int]] = []
+        numbers = iter(range(1, count + 1))
+
+        async def sender() -> None:
+            # A few senders take part numbers in turn: what exists at once is bounded by
+            # the senders, never by the file's size (a task per part of a huge file was
+            # memory before a byte was sent).
+            for number in numbers:
+                done.append(await part(number))
+
         try:
-            done = await asyncio.gather(*(part(n) for n in range(1, count + 1)))
+            await asyncio.gather(*(sender() for _ in range(min(count, self._senders))))
+            done.sort(key=lambda sent: int(sent[0]["PartNumber"]))
             await asyncio.to_thread(source.check_size)
             whole = checksum.encode(checksum.combine_all((v, n) for _, v, n in done))
             check_sent(source.name, crc32c, whole)

@@ -76,7 +76,7 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
         ], (step, objects.get(step))
     agent.wait_for(lambda: not any(agent.staging.glob("checkpoint-*")), 30, "staging cleanup")
     status = agent.status()
-    assert status["sigterm"] is True  # the shim reported SIGTERM: the grace clock runs
+    assert status["trainer_sigterm"] is True  # the shim reported SIGTERM (its save began)
     # The report before the JIT exit names the saved step (the periodic ones may lag).
     assert status["progress"]["step"] == jit_step and status["progress"]["max_steps"] == 20
     [client] = [c for c in status["clients"] if c["pid"] == run.pid]

@@ -11,6 +11,7 @@ chmodded, overwritten or deleted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -26,9 +27,18 @@ import pytest
 from local.s3server import LocalS3
 from shim import protocol
 from shim.channel import Client
+from sidecar.config import AgentConfig
+from sidecar.storage.factory import open_store
 from tests.sidecar import shimtalk
 from tests.sidecar.agentproc import AgentProcess
-from tests.sidecar.helpers import bucket_objects, seed_store, stage, tree_snapshot
+from tests.sidecar.helpers import (
+    bucket_objects,
+    commit,
+    make_checkpoint,
+    seed_store,
+    stage,
+    tree_snapshot,
+)
 
 SIZE = 64  # the staged file and the canary have the same size, so a size check cannot tell
 
@@ -434,3 +444,177 @@ def test_planted_pid_files_neither_block_nor_are_followed(tmp_path: Path) -> Non
         reader.join(10)
         pytest.fail("reading the pid files blocked on a FIFO")
     assert found == [[42]]
+
+
+def _record(job_id: str, step: int, kind: object, files: dict[str, Path]) -> dict[str, object]:
+    """A job record as the sidecar writes one, for ``files`` (name: the staged file)."""
+    entries = []
+    for name, path in files.items():
+        info = path.stat()
+        entries.append(
+            {"path": name, "size": info.st_size, "device": info.st_dev, "inode": info.st_ino}
+        )
+    return {"id": job_id, "step": step, "kind": kind, "staged_at": 0.0, "files": entries}
+
+
+def test_forged_records_in_the_state_dir_neither_forge_a_node_nor_stop_the_lanes(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """Issue 22, class 5: a pod whose trainer could write the sidecar's record volume
+    (the webhook refuses those now; this is the sidecar's own line) forges records: one
+    names a staged ``.jitckpt/node-1.json`` so a restarted node-0 sidecar would upload
+    another node's manifest and make checkpoint-5, committed by one node of two, valid;
+    one has a kind no upload knows, which ended the lane it was queued on. Each is
+    refused when read back, and a real checkpoint staged afterwards is committed."""
+    agent = AgentProcess(
+        root=tmp_path,
+        destination=f"s3://{bucket}/team/ns-a/job-1",
+        s3_env=s3_env,
+        extra_env={"JITCKPT_NNODES": "2"},
+    )
+    forged_node = {
+        "version": 1, "step": 5, "kind": "periodic", "node_rank": 1, "nnodes": 2,
+        "pod": "p", "job": "job-1", "time": "2025-01-01T00:00:00+00:00", "files": [],
+    }  # fmt: skip
+    client = local_s3.client()
+    seeded = make_checkpoint(tmp_path, 5, {"model.bin": 100})
+
+    async def seed() -> None:
+        async with open_store(AgentConfig(destination=agent.destination)) as store:
+            await commit(store, seeded, 5, node_rank=0, nnodes=2)
+
+    asyncio.run(seed())
+    records = agent.shim_target.parent / "agent" / "staged"
+    records.mkdir(parents=True)
+    for number, (kind, names) in enumerate(
+        [
+            ("periodic", [".jitckpt/node-1.json"]),
+            ("periodic", ["model.bin", "x/../.jitckpt/node-1.json"]),
+            ("no-such-kind", ["model.bin"]),
+            (["jit"], ["model.bin"]),
+        ]
+    ):
+        directory, _ = stage(agent.staging, f"evil-{number}", {"model.bin": 10})
+        (directory / ".jitckpt").mkdir()
+        node_file = directory / ".jitckpt" / "node-1.json"
+        node_file.write_text(json.dumps(forged_node))
+        files = {n: node_file if "node-1" in n else directory / n for n in names}
+        record = _record(f"evil-{number}", 5, kind, files)
+        (records / f"evil-{number}.job.json").write_text(json.dumps(record))
+    agent.start()
+    try:
+        agent.wait_ready()
+        trainer = _hello(agent)
+        real, names = stage(agent.staging, "real-9", {"model.bin": 100})
+        answer = trainer.call(shimtalk.staged(9, "periodic", real, names))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        agent.wait_for(lambda: agent.committed_step() == 9, 60, "the real checkpoint's commit")
+        trainer.close()
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+        assert not any(k.endswith("checkpoint-5/.jitckpt/node-1.json") for k in keys), keys
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()
+
+
+FORGED_LINE = "2026-01-01 00:00:00,000 INFO jitckpt-agent jitckpt.agent: committed checkpoint-31337"
+
+
+def test_names_from_the_socket_cannot_forge_a_log_line(agent: AgentProcess) -> None:
+    """Issue 22, class 2: a staged directory name with a line break forged a "committed
+    checkpoint-31337" line in the sidecar's log. Control characters are refused where a
+    message enters (the protocol's schema), and every log line is escaped on the way
+    out, so whatever the trainer sends stays inside one line of the log."""
+    agent.start()
+    agent.wait_ready()
+    client = _hello(agent)
+    hostile = [
+        shimtalk.staged(1, "jit", agent.staging / f"x\n{FORGED_LINE}", []),
+        shimtalk.staged(1, "jit", agent.staging / "ok", [f"a\r\n{FORGED_LINE}"]),
+        shimtalk.staged(1, "jit", agent.staging / "ok\x1b[2J", ["a"]),
+        shimtalk.staged(1, "jit", agent.staging / "ok\u2028x", ["a\u0085b"]),
+    ]
+    for request in hostile:
+        answer = client.call(request)
+        assert isinstance(answer, protocol.ErrorAnswer), answer
+    client.close()
+    assert agent.terminate() == 0
+    log = agent.log()
+    lines = log.splitlines()
+    assert not any(line.startswith(FORGED_LINE[:23]) and "31337" in line for line in lines), log
+    assert not any(c in log for c in "\x1b\r\u2028\u0085"), log
+
+
+def test_a_connection_neither_blocks_the_jit_upload_nor_decides_when_the_sidecar_leaves(
+    agent: AgentProcess, local_s3: LocalS3, bucket: str
+) -> None:
+    """Issue 22, class 3. One connection streams part of a JIT checkpoint and holds the
+    stream open; another sends ``sigterm`` long before any SIGTERM. Before, the real
+    trainer's complete JIT checkpoint waited behind the open stream until the grace
+    deadline, and the early ``sigterm`` started the deadline clock, so the sidecar left
+    at once on its own SIGTERM without the checkpoint staged after it. Now the complete
+    one is committed while the stream stays open, and after the sidecar's SIGTERM it
+    still takes and commits what the trainer (connected, no ``bye`` yet) stages."""
+    agent.extra_env = {"JITCKPT_GRACE_SECONDS": "6", "JITCKPT_GRACE_MARGIN": "0.5"}
+    agent.start()
+    agent.wait_ready()
+    holder = _hello(agent)
+    part, names = stage(agent.staging, "huge-jit", {"shard-0": 100})
+    streamed = holder.call(protocol.Staging(999, "jit", str(part), tuple(names)))
+    assert isinstance(streamed, protocol.StagedAnswer), streamed
+    early = _hello(agent)
+    assert early.call(protocol.Sigterm(step=1)) == protocol.OkAnswer()
+    trainer = _hello(agent)
+    directory, files = stage(agent.staging, "checkpoint-50", {"model.bin": 1000})
+    assert isinstance(
+        trainer.call(shimtalk.staged(50, "jit", directory, files)), protocol.StagedAnswer
+    )
+    agent.wait_for(lambda: agent.committed_step() == 50, 30, "the complete JIT checkpoint")
+    assert agent.status()["queue"][0]["streaming"] is True  # the stream is still open
+    holder.close()
+    early.close()
+    time.sleep(7)  # past the grace period, counted from the early sigterm
+    assert agent.process is not None
+    agent.process.send_signal(15)
+    directory, files = stage(agent.staging, "checkpoint-60", {"model.bin": 1000})
+    answer = trainer.call(shimtalk.staged(60, "jit", directory, files))
+    assert isinstance(answer, protocol.StagedAnswer), answer
+    assert trainer.call(protocol.Bye(exit_code=143)) == protocol.OkAnswer()
+    trainer.close()
+    assert agent.wait(30) == 0, agent.log()
+    assert agent.termination()["last_committed"]["step"] == 60, agent.log()
+    keys = bucket_objects(local_s3, bucket)
+    assert any(k.endswith("checkpoint-60/.jitckpt/node-0.json") for k in keys), sorted(keys)
+
+
+def test_a_sparse_file_larger_than_the_volume_is_refused_within_the_memory_limit(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """Issue 22, class 4: one staged 4 TiB sparse file (no disk used) drove the agent past
+    its 512Mi memory limit: a task per part was made before any part was sent. A staged
+    size beyond the staging volume is refused at once, and the agent, held to 512 MiB
+    here, goes on to commit the next checkpoint."""
+    agent = AgentProcess(
+        root=tmp_path,
+        destination=f"s3://{bucket}/team/ns-a/job-1",
+        s3_env=s3_env,
+        memory_limit=512 * 1024 * 1024,
+    )
+    agent.start()
+    try:
+        agent.wait_ready(60)
+        client = _hello(agent)
+        directory, files = stage(agent.staging, "sparse", {"model.bin": 10})
+        with (directory / "model.bin").open("r+b") as handle:
+            handle.truncate(4 << 40)
+        answer = client.call(shimtalk.staged(3, "jit", directory, files))
+        assert isinstance(answer, protocol.ErrorAnswer), answer
+        assert "more than the staging volume" in answer.error, answer.error
+        directory, files = stage(agent.staging, "checkpoint-4", {"model.bin": 1000})
+        answer = client.call(shimtalk.staged(4, "jit", directory, files))
+        assert isinstance(answer, protocol.StagedAnswer), answer
+        agent.wait_for(lambda: agent.committed_step() == 4, 60, "the next checkpoint")
+        client.close()
+        assert agent.terminate() == 0
+    finally:
+        agent.kill()

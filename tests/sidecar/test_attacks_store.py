@@ -145,3 +145,54 @@ def test_manifests_beyond_nnodes_are_never_read(
         b"weights"
     )
     assert agent.terminate() == 0
+
+
+def test_a_checkpoint_that_cannot_be_restored_is_skipped_not_fatal(
+    hostile: tuple[AgentProcess, Seeder], tmp_path: Path
+) -> None:
+    """Issue 22, class 1: checkpoints that pass the validity rule but cannot be restored
+    here. Before, each one made the native sidecar exit at start (a crash loop, the
+    trainer never started); now each is skipped, said once, and the next one tried:
+    an object in an archive storage class (InvalidObjectState on GET), a manifest listing
+    both ``d0`` and ``d0/f`` (a file and a directory of one name), and one where node 1
+    lists ``d0`` and node 0 ``d0/f`` (the clash only in the union)."""
+    agent, seeder = hostile
+    seeder.checkpoint(10, {"model.bin": b"w" * 100, "optimizer.pt": b"o" * 10})
+    body = b"archived" * 10
+    seeder.client.put_object(
+        Bucket=seeder.bucket,
+        Key=f"{PREFIX}/checkpoint-10/optimizer.pt",
+        Body=body,
+        StorageClass="GLACIER",
+    )
+    crc = checksum.encode(google_crc32c.value(body))
+    seeder.checkpoint(
+        10,
+        {"model.bin": b"w" * 100},
+        files=[
+            {"path": "model.bin", "size": 100, "crc32c": _crc(b"w" * 100), "parts": 1},
+            {"path": "optimizer.pt", "size": len(body), "crc32c": crc, "parts": 1},
+        ],
+    )
+    seeder.checkpoint(11, {"d0": b"a", "d0/f": b"b"})
+    seeder.checkpoint(12, {"d0/f": b"b"}, nnodes=2)
+    seeder.checkpoint(12, {"d0": b"a"}, node=1, nnodes=2)
+    agent.start()
+    agent.wait_ready(60)
+    status = agent.status()
+    assert status["restored"]["step"] == 2, status
+    skipped = _skipped(agent)
+    assert sorted(skipped) == [10, 11, 12], skipped
+    assert "InvalidObjectState" in skipped[10], skipped[10]
+    assert "d0 is listed as a file and as a directory" in skipped[11], skipped[11]
+    assert "d0 is listed as a file and as a directory" in skipped[12], skipped[12]
+    log = agent.log()
+    for step in (10, 11, 12):
+        assert log.count(f"skipping checkpoint-{step}:") == 1, log
+    checkpoints = agent.local_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-2"]
+    assert agent.terminate() == 0
+
+
+def _crc(body: bytes) -> str:
+    return checksum.encode(google_crc32c.value(body))

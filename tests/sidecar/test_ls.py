@@ -63,3 +63,36 @@ def test_ls_empty_and_bad_destination(config: AgentConfig, tmp_path: Path) -> No
     )
     assert bad.returncode == 2
     assert "only s3:// and pvc:// destinations are supported" in bad.stderr
+
+
+def test_ls_prints_no_text_a_manifest_planted(config: AgentConfig, tmp_path: Path) -> None:
+    """Issue 22, class 2: a planted manifest's free-text fields carried escape sequences
+    and a line break that printed a forged row claiming a valid checkpoint-424242. Such
+    a manifest is torn now (``time`` and ``pod`` are held to what the sidecar writes),
+    and whatever ``ls`` prints is escaped: one line per checkpoint, no control byte."""
+    _seed(config, tmp_path)
+    forged_row = "\n  424242  valid  jit            1       1 KiB  2025-01-01T00:00:00+00:00  "
+    manifest = {
+        "version": 1, "step": 300, "kind": "jit", "node_rank": 0, "nnodes": 1,
+        "pod": "\x1b]0;owned\x07p", "job": "j",
+        "time": "2025-01-01T00:00:00+00:00\x1b[2K\r" + forged_row, "files": [],
+    }  # fmt: skip
+
+    async def plant() -> None:
+        async with open_store(config) as store:
+            await store.put_bytes("checkpoint-300/model.bin", b"w")
+            await store.put_bytes(
+                "checkpoint-300/.jitckpt/node-0.json", json.dumps(manifest).encode()
+            )
+            await store.put_bytes(
+                "checkpoint-301/.jitckpt/node-0.json", b'{"version": 1, "kind": "\\u001b[31m\\n"}'
+            )
+
+    asyncio.run(plant())
+    table = _ls(config)
+    assert table.returncode == 0, table.stderr
+    assert not any(c in table.stdout for c in "\x1b\x07\r"), table.stdout
+    lines = table.stdout.splitlines()
+    assert len(lines) == 5, lines  # the header and checkpoints 301, 300, 200, 100
+    steps = {line.split()[0]: line.split()[1] for line in lines[1:]}
+    assert steps == {"301": "torn", "300": "torn", "200": "torn", "100": "valid"}, lines

@@ -287,8 +287,9 @@ def test_hellos_without_bye_do_not_hold_the_drain(
     try:
         agent.start()
         agent.wait_ready()
-        # Forged hellos: many pids on one connection, and hellos of processes that left
-        # without bye. None of them is alive, so none may hold the drain.
+        # Forged hellos: many pids on one connection (one entry: the connection's last
+        # hello), and hellos of processes that left without bye. None of them is alive,
+        # so none may hold the drain.
         forger = Client(str(agent.socket))
         for pid in range(100, 140):
             assert isinstance(forger.call(shimtalk.hello(pid)), protocol.HelloAnswer)
@@ -300,13 +301,21 @@ def test_hellos_without_bye_do_not_hold_the_drain(
         # A live process: its connection is open and it has not said bye.
         live = Client(str(agent.socket))
         live.call(shimtalk.hello(300))
-        agent.wait_for(lambda: len(agent.status()["clients"]) == 43, 10, "43 clients")
+        agent.wait_for(lambda: len(agent.status()["clients"]) == 4, 10, "4 clients")
 
         assert agent.process is not None
         agent.process.send_signal(signal.SIGTERM)
         agent.wait_for(lambda: agent.status()["phase"] == "stopping", 10, "the drain")
         time.sleep(1.0)  # several drain polls: the live process holds it
         assert agent.process.poll() is None
+        # Another connection says the live process's pid, then bye: that ends only its
+        # own entry (issue 22, class 3: no connection decides when the sidecar leaves).
+        impostor = Client(str(agent.socket))
+        impostor.call(shimtalk.hello(300))
+        assert impostor.call(protocol.Bye(exit_code=0)) == protocol.OkAnswer()
+        time.sleep(1.0)
+        assert agent.process.poll() is None
+        impostor.close()
         assert live.call(protocol.Bye(exit_code=143)) == protocol.OkAnswer()
         live.close()
         # Far less than the 115 s the grace deadline would take.

@@ -242,3 +242,33 @@ def test_a_commit_while_an_older_manifest_is_written_never_says_dropped_of_a_com
         assert queue.steps == [9]
         assert queue.dropped == [(8, "superseded by the committed checkpoint-9")]
         assert states.get(8) is not True and states[9] is True
+
+
+def test_a_job_that_cannot_be_uploaded_is_dropped_and_the_lane_goes_on(tmp_path: Path) -> None:
+    """Issue 22, class 5: whatever one job holds that no upload can take (here a kind no
+    manifest allows, as a forged record could carry), it is dropped with the reason; the
+    lane it was on still commits the next checkpoint. Before, the error ended the lane."""
+    queue = Queue(AgentConfig(destination=str(tmp_path / "claim"), local_dir=tmp_path / "local"))
+    config = queue.config
+    bad = queue.job(3, "periodic", {"w": 10})
+    bad.kind = "no-such-kind"
+    errors: list[str] = []
+
+    async def on_drop(job: StagedJob, text: str) -> None:
+        queue.dropped.append((job.step, text))
+        queue.area.release(job)
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            uploader = Uploader(
+                store, config, Metrics(), queue.on_commit, errors.append, on_drop=on_drop
+            )
+            async with lanes(uploader):
+                await uploader.submit(bad)
+                await asyncio.wait_for(uploader.wait_idle(), 30)
+                await uploader.submit(queue.job(4, "periodic", {"w": 10}))
+                await asyncio.wait_for(uploader.wait_idle(), 30)
+
+    asyncio.run(main())
+    assert queue.committed == [(4, "periodic")]
+    assert [step for step, _ in queue.dropped] == [3] and "cannot be uploaded" in errors[-1]

@@ -84,7 +84,8 @@ def test_config_change_is_drift_and_namespace_settings_can_be_assumed() -> None:
     assert same.drift == [], same.notes
     assert any("not in the input" in n for n in same.notes)
     changed = audit_pod(pod, None, WebhookConfig(sidecar_image="ghcr.io/jitckpt/x:0.2.0"))
-    assert changed.drift == ["config"]
+    assert changed.drift == ["config", "sidecar"]
+    assert any("image is not what the webhook injects" in n for n in changed.notes)
 
 
 def test_cli_table_and_json(tmp_path: Path) -> None:
@@ -115,7 +116,7 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
         "yes", "0.1.0", "native", "s3://ml-checkpoints/team-a/team-a/bert-ft", "team-a-s3",
         "600", "no",
     ]  # fmt: skip
-    assert rows["bert-ft-master-0"][-1] == "edited"
+    assert rows["bert-ft-master-0"][-1] == "edited,sidecar"
     assert rows["gpt-small-master-0"][4] == "legacy"
     assert rows["gpt-small-master-0"][-1] == "no"
     assert rows["notebook-0"][2:] == ["no", "-", "-", "-", "-", "-", "-"]
@@ -124,7 +125,7 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
     as_json = jitckpt("audit", "-f", str(path), "--json")
     assert as_json.returncode == 0
     by_pod = {r["pod"]: r for r in json.loads(as_json.stdout)}
-    assert by_pod["bert-ft-master-0"]["drift"] == ["edited"]
+    assert by_pod["bert-ft-master-0"]["drift"] == ["edited", "sidecar"]
     assert any(
         "initContainers/jitckpt-agent changed" in n for n in by_pod["bert-ft-master-0"]["notes"]
     )
@@ -134,7 +135,7 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
     config.write_text("defaults:\n  s3-retention: 5\n")
     newer = jitckpt("audit", "-f", str(path), "--json", "--config", str(config))
     by_pod = {r["pod"]: r for r in json.loads(newer.stdout)}
-    assert by_pod["bert-ft-worker-1"]["drift"] == ["config"]
+    assert by_pod["bert-ft-worker-1"]["drift"] == ["config", "sidecar"]
 
 
 def test_cli_reads_json_lists_and_flags_unverifiable_pods(tmp_path: Path) -> None:
@@ -153,3 +154,68 @@ def test_a_pod_with_tls_checks_off_drifts_once_the_cluster_forbids_it() -> None:
     row = audit_pod(pod, CASES["all-settings"].namespace, WebhookConfig())
     assert row.drift == ["config"]
     assert any("allow_insecure_tls" in note for note in row.notes), row.notes
+
+
+def _forge(pod: dict[str, Any], **config: str) -> None:
+    """Rewrite the pod's status annotation as its owner could: the recorded config says
+    what the pod runs, so a check against the annotation finds nothing."""
+    status = json.loads(pod["metadata"]["annotations"]["jitckpt.io/status"])
+    status["config"].update(config)
+    pod["metadata"]["annotations"]["jitckpt.io/status"] = json.dumps(status)
+
+
+def _agent(pod: dict[str, Any]) -> dict[str, Any]:
+    agent: dict[str, Any] = pod["spec"]["initContainers"][0]
+    assert agent["name"] == "jitckpt-agent"
+    return agent
+
+
+FORGERIES: dict[str, Any] = {
+    "another image": lambda p: (
+        _agent(p).update(image="evil.example/agent:1"),
+        _forge(p, **{"sidecar-image": "evil.example/agent:1"}),
+    ),
+    "another image, pulled always": lambda p: (
+        _agent(p).update(image="evil.example/agent:1", imagePullPolicy="Always"),
+        _forge(p, **{"sidecar-image": "evil.example/agent:1"}),
+        _forge(p, **{"sidecar-image-pull-policy": "Always"}),
+    ),
+    "another user": lambda p: (
+        _agent(p)["securityContext"].update(runAsUser=1000, runAsGroup=1000),
+        _forge(p, **{"sidecar-user-id": "1000"}),
+    ),
+    "privileged agent": lambda p: _agent(p)["securityContext"].update(privileged=True),
+    "an extra mount": lambda p: _agent(p)["volumeMounts"].append(
+        {"name": "kube-api-access-x", "mountPath": "/var/run/secrets/other"}
+    ),
+    "a second agent": lambda p: p["spec"]["containers"].append(
+        {**copy.deepcopy(_agent(p)), "name": "jitckpt-agent-2", "image": "evil.example/x:1"}
+    ),
+    "shim volume from the host": lambda p: next(
+        v for v in p["spec"]["volumes"] if v["name"] == "jitckpt-shim"
+    ).update(emptyDir=None, hostPath={"path": "/var/lib/kubelet"}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", list(FORGERIES))
+def test_audit_compares_the_containers_not_the_annotation(how: str) -> None:
+    """Issue 22, class 6: a ``jitckpt-agent`` running another image with the namespace's
+    Secret audited as "injected, drift none" because its status annotation was forged
+    to match. Audit now compares every jitckpt container and volume with what the
+    webhook would inject now."""
+    case = CASES["pytorchjob-master"]
+    pod = as_live(injected("pytorchjob-master"))
+    FORGERIES[how](pod)
+    row = audit_pod(pod, case.namespace, WebhookConfig())
+    assert row.drift, (how, row.notes)
+    assert "sidecar" in row.drift or "edited" in row.drift, row.drift
+
+
+def test_audit_shows_the_secret_the_containers_reference() -> None:
+    """The Secret column is what the jitckpt containers reference, not what the
+    annotation says they do."""
+    case = CASES["pytorchjob-master"]
+    pod = as_live(injected("pytorchjob-master"))
+    _forge(pod, **{"s3-secret": "harmless"})
+    row = audit_pod(pod, case.namespace, WebhookConfig())
+    assert row.secret == "team-a-s3", row

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +14,8 @@ from tests.webhook.golden import discover
 from webhook import patch as patches
 from webhook.config import WebhookConfig
 from webhook.drift import audit_pod
-from webhook.mutate import SKIP_REASONS, mutate
+from webhook.mutate import SKIP_EXPOSED, SKIP_REASONS, mutate
+from webhook.status import OUR_CONTAINERS, OUR_VOLUMES, VOL_SHIM
 
 BASES = [c for c in discover() if c.name in ("pytorchjob-worker", "trainjob-node", "legacy-mode")]
 
@@ -73,3 +76,118 @@ def test_mutate_answers_every_damaged_pod(sample: tuple[dict[str, Any], Any]) ->
         assert again.patch == []
         row = audit_pod(result.pod, namespace, config)
         assert row.drift == [], row.notes
+        assert_isolated(result.pod, "damaged")
+
+
+# ---- pods that would expose the sidecar (issue 22, class 5) -----------------------
+
+TRAINER_BASES = [c for c in BASES if c.name in ("pytorchjob-worker", "trainjob-node")]
+
+
+def _trainer(pod: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = pod["spec"]["containers"][0]
+    return container
+
+
+def _add_volume(pod: dict[str, Any], volume: dict[str, Any]) -> None:
+    pod["spec"].setdefault("volumes", []).append(volume)
+    _trainer(pod).setdefault("volumeMounts", []).append(
+        {"name": volume["name"], "mountPath": "/host"}
+    )
+
+
+def _other_container(pod: dict[str, Any], where: str, **fields: Any) -> None:
+    pod["spec"].setdefault(where, []).append({"name": "other", "image": "x", **fields})
+
+
+def _mounts(name: str) -> list[dict[str, str]]:
+    return [{"name": name, "mountPath": "/mnt/other"}]
+
+
+def _host_path(path: str) -> Callable[[dict[str, Any]], None]:
+    return lambda pod: _add_volume(pod, {"name": "host", "hostPath": {"path": path}})
+
+
+EXPOSURES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "hostPID": lambda pod: pod["spec"].update(hostPID=True),
+    "hostIPC": lambda pod: pod["spec"].update(hostIPC=True),
+    "trainer mounts jitckpt-shim": lambda pod: (
+        _trainer(pod)
+        .setdefault("volumeMounts", [])
+        .append({"name": "jitckpt-shim", "mountPath": "/records"})
+    ),
+    "init container mounts jitckpt-local": lambda pod: _other_container(
+        pod, "initContainers", volumeMounts=_mounts("jitckpt-local")
+    ),
+    "ephemeral container mounts jitckpt-run": lambda pod: _other_container(
+        pod, "ephemeralContainers", volumeMounts=_mounts("jitckpt-run")
+    ),
+    "device named jitckpt-pvc": lambda pod: (
+        _trainer(pod)
+        .setdefault("volumeDevices", [])
+        .append({"name": "jitckpt-pvc", "devicePath": "/dev/x"})
+    ),
+    "own volume named jitckpt-shim": lambda pod: (
+        pod["spec"].setdefault("volumes", []).append({"name": "jitckpt-shim", "emptyDir": {}})
+    ),
+    "hostPath /": _host_path("/"),
+    "hostPath kubelet pods": _host_path("/var/lib/kubelet/pods"),
+    "hostPath /var/": _host_path("/var/"),
+    "hostPath runtime socket": _host_path("/run/containerd/containerd.sock"),
+    "hostPath //proc": _host_path("//proc"),
+    "privileged container": lambda pod: _other_container(
+        pod, "containers", securityContext={"privileged": True}
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(EXPOSURES))
+@pytest.mark.parametrize("case", TRAINER_BASES, ids=[c.name for c in TRAINER_BASES])
+def test_pod_that_would_expose_the_sidecar_is_refused_with_its_reason(case: Any, how: str) -> None:
+    """Before: hostPID, hostIPC, privileged and hostPath pods, and a trainer mounting a
+    volume named like an injected one, were injected (the last got the sidecar's record
+    volume writable)."""
+    pod = copy.deepcopy(case.pod)
+    EXPOSURES[how](pod)
+    result = mutate(pod, case.namespace, WebhookConfig(), require_opt_in=True)
+    assert not result.injected, how
+    assert result.skip_reason == SKIP_EXPOSED, (how, result.message)
+    assert result.patch == [] and "not injected" in result.message
+
+
+def test_harmless_host_paths_and_mounts_still_inject() -> None:
+    """The rule is about reaching the sidecar, not about hostPath as such: a dataset
+    directory or /dev/shm on the node is fine."""
+    case = TRAINER_BASES[0]
+    pod = copy.deepcopy(case.pod)
+    _add_volume(pod, {"name": "data", "hostPath": {"path": "/mnt/datasets"}})
+    _add_volume(pod, {"name": "shm", "hostPath": {"path": "/dev/shm"}})
+    result = mutate(pod, case.namespace, WebhookConfig(), require_opt_in=True)
+    assert result.injected, result.message
+
+
+OUR_MOUNT_PATHS = {"/mnt/jitckpt", "/var/run/jitckpt", "/opt/jitckpt"}
+
+
+def test_injected_pods_give_no_other_container_a_writable_sidecar_volume() -> None:
+    """The invariant behind class 5, on every golden case that injects: only jitckpt's own
+    containers mount its volumes, except the trainer's three mounts, the shim read-only."""
+    for case in discover():
+        result = mutate(case.pod, case.namespace, case.config, require_opt_in=False)
+        if not result.injected:
+            continue
+        assert_isolated(result.pod, case.name)
+
+
+def assert_isolated(pod: dict[str, Any], name: str) -> None:
+    spec = pod["spec"]
+    assert not spec.get("hostPID") and not spec.get("hostIPC"), name
+    for container in (spec.get("initContainers") or []) + spec["containers"]:
+        if not isinstance(container, dict) or container.get("name") in OUR_CONTAINERS:
+            continue
+        mounts = container.get("volumeMounts")
+        mounts = [m for m in mounts if isinstance(m, dict)] if isinstance(mounts, list) else []
+        ours = [m for m in mounts if m.get("name") in OUR_VOLUMES]
+        assert {m["mountPath"] for m in ours} <= OUR_MOUNT_PATHS, (name, ours)
+        shim = [m for m in ours if m["name"] == VOL_SHIM]
+        assert all(m.get("readOnly") is True for m in shim), (name, shim)

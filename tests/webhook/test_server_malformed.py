@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.webhook.server_support import admission_review, check_answer, fixture, patched
+from tests.webhook.test_mutate_robust import paths
 from webhook.config import WebhookConfig
 from webhook.metrics import AdmissionMetrics
 from webhook.mutate import NamespaceInfo
@@ -68,6 +69,12 @@ VALID = admission_review(fixture("pytorchjob-master.yaml"), uid="good-uid")
 
 def review_with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     doc = copy.deepcopy(VALID)
+    _set(doc, path, value)
+    return doc
+
+
+def _set(doc: Any, path: tuple[Any, ...], value: Any) -> None:
+    """Put ``value`` at ``path`` inside ``doc`` (``_DELETE``: remove what is there)."""
     target = doc
     for key in path[:-1]:
         target = target[key]
@@ -75,7 +82,6 @@ def review_with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         del target[path[-1]]
     else:
         target[path[-1]] = value
-    return doc
 
 
 _DELETE = object()
@@ -83,6 +89,14 @@ _DELETE = object()
 
 def edited(path: tuple[str, ...], value: Any) -> bytes:
     return json.dumps(review_with(path, value)).encode()
+
+
+def _init_containers_only() -> dict[str, Any]:
+    doc = review_with(("request", "object", "spec", "containers"), _DELETE)
+    doc["request"]["object"]["spec"]["initContainers"] = VALID["request"]["object"]["spec"][
+        "containers"
+    ]
+    return doc
 
 
 OBJ = ("request", "object")
@@ -127,6 +141,11 @@ NASTY: list[tuple[str, bytes, str | None]] = [
     ("DELETE, null object", edited(OBJ, None).replace(b'"CREATE"', b'"DELETE"'), UID),
     # Found by the generator below: an empty JobSet name label (legal in Kubernetes).
     ("empty jobset name", edited((*OBJ, "metadata", "labels"), {JOBSET_NAME: ""}), UID),
+    # Issue 22, class 7: a pod without spec.containers (init containers only) was a 500.
+    ("containers missing", edited((*SPEC, "containers"), _DELETE), UID),
+    ("init containers only", json.dumps(_init_containers_only()).encode(), UID),
+    ("containers null", edited((*SPEC, "containers"), None), UID),
+    ("spec a string", edited(SPEC, "x"), UID),
 ]
 
 
@@ -347,4 +366,65 @@ def test_generated_reviews_get_well_formed_answers(
             c["name"] == "jitckpt-agent"
             for c in result["spec"].get("initContainers", []) + result["spec"]["containers"]
         )
+    assert internal_errors(metrics) == before
+
+
+# ---- generated pod shapes (issue 22, class 7) -------------------------------------
+
+
+finite_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+finite_values = st.recursive(
+    finite_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@st.composite
+def reshaped_reviews(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid review of a trainer pod whose shape was damaged anywhere: keys deleted,
+    values replaced by other JSON types, lists emptied, at any depth of the review."""
+    base = draw(
+        st.sampled_from(["pytorchjob-master.yaml", "pytorchjob-worker.yaml", "trainjob-node.yaml"])
+    )
+    pod = fixture(base)
+    pod["metadata"]["namespace"] = "team-a"
+    doc = admission_review(pod, uid="shape-uid")
+    for _ in range(draw(st.integers(1, 4))):
+        candidates = [p for p in paths(doc["request"]) if p[0] != "uid"]
+        if draw(st.booleans()):  # as often, a field of the pod's top levels (spec.containers)
+            candidates = [p for p in candidates if len(p) <= 3] or candidates
+        where = ("request", *draw(st.sampled_from(candidates)))
+        value = draw(
+            st.just(_DELETE) | st.sampled_from([None, [], {}, "", 0, True]) | finite_values
+        )
+        _set(doc, where, value)
+    return doc
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(doc=reshaped_reviews())
+def test_every_review_shape_gets_a_well_formed_answer(
+    client: TestClient, metrics: AdmissionMetrics, doc: dict[str, Any]
+) -> None:
+    """Whatever part of the review is missing or of another type, the answer is a review
+    echoing the uid with HTTP 200, and the mutation never raised (no internal error)."""
+    before = internal_errors(metrics)
+    answer = client.post("/mutate", content=json.dumps(doc).encode())
+    assert answer.status_code == 200, answer.text
+    response = check_answer(answer.json(), "shape-uid")
+    if "patch" in response:
+        patched(doc["request"]["object"], response)
     assert internal_errors(metrics) == before
