@@ -381,7 +381,10 @@ class PlainLoop:
         ``reason`` None: a framework integration owns this process (it owns SIGTERM too).
         """
         self.state = OFF
-        dataloaders.TRACKER.on = False
+        if reason is None:
+            dataloaders.TRACKER.follow_only()  # the framework's integration resumes its data
+        else:
+            dataloaders.TRACKER.on = False
         self._remove_forward_hook()  # (the step hook stays: torch is iterating its hooks now)
         if self.resume is not None and not self.resume.done:
             if self.resume.early or dataloaders.TRACKER.replayed:
