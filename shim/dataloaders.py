@@ -48,6 +48,7 @@ from . import rngstate
 
 ATTR_TRACK = "_jitckpt_track"
 ATTR_POSITION = "_jitckpt_position"
+ATTR_CATCH_UP = "_jitckpt_catch_up"  # (batches, then) for an iterator's first batch request
 NO_BATCH = (
     "an optimizer step came without a new batch from a DataLoader "
     "(itertools.cycle, a list of batches, or batches made another way)"
@@ -117,7 +118,7 @@ class Position:
         self.drain = 0  # batches to read through the workers and drop before the next one
         self.generators: List[Any] = []  # the loader's own generators (look-ahead states)
         self.lookahead: Optional[Dict[str, Any]] = None  # states for the next read (a resume)
-        self.settle: Optional[Dict[str, Any]] = None  # states after the catch-up (a framework's)
+        self.settle: Optional[Callable[[], None]] = None  # after the catch-up (a framework's)
         self.before_fetch: Optional[Dict[str, Any]] = None  # states before the last read (shards)
         self.inner: Optional["Position"] = None  # a shard's pass: its base loader's pass
 
@@ -179,7 +180,7 @@ class CatchUp:
         workers: bool,
         resume: bool,
         lookahead: Optional[Dict[str, Any]] = None,
-        settle: Optional[Dict[str, Any]] = None,
+        settle: Optional[Callable[[], None]] = None,
     ) -> None:
         # Worker processes draw random numbers the checkpoint cannot hold: replay through them.
         self.skip: Optional[int] = None if workers else yielded
@@ -497,6 +498,11 @@ class Tracker:
 
     # -- batches ---------------------------------------------------------------
     def next_batch(self, iterator: Any, original: Callable[[Any], Any]) -> Any:
+        pending = iterator.__dict__.pop(ATTR_CATCH_UP, None)
+        if pending is not None:
+            for _ in range(pending[0]):
+                original(iterator)  # read through the workers, as the first run did, and dropped
+            pending[1]()
         position: Optional[Position] = iterator.__dict__.get(ATTR_POSITION)
         if position is None or not self.on:
             return original(iterator)
@@ -506,7 +512,7 @@ class Tracker:
                 original(iterator)  # read through the workers, as the first run did, and dropped
         if position.settle is not None:
             settle, position.settle = position.settle, None
-            rngstate.restore(settle)
+            settle()
         self.listener.before_batch(position, iterator)
         lookahead, position.lookahead = position.lookahead, None
         after: Optional[Dict[str, Any]] = None
@@ -630,7 +636,7 @@ class Tracker:
             return "%s is not a DataLoader the shim follows" % type(loader).__name__
         return track.problem
 
-    def arm(self, loader: Any, record: Dict[str, Any], settle: Optional[Dict[str, Any]]) -> bool:
+    def arm(self, loader: Any, record: Dict[str, Any], settle: Callable[[], None]) -> bool:
         """Make ``loader``'s next pass the one ``record`` describes, caught up to its place.
 
         ``settle``: the random states of the step the record was taken at, put
@@ -657,6 +663,12 @@ class Tracker:
 
 
 TRACKER = Tracker()
+
+
+def replay_first(iterator: Any, batches: int, then: Callable[[], None]) -> None:
+    """At ``iterator``'s first batch request, read ``batches`` through its workers, drop
+    them, then call ``then`` (for a framework whose sampler already replayed the order)."""
+    iterator.__dict__[ATTR_CATCH_UP] = (batches, then)
 
 
 def _track_of(loader: Any) -> Optional[LoaderTrack]:

@@ -103,7 +103,7 @@ class TrainData:
                 batches,
                 int(record["yielded"]),
             )
-        elif not dataloaders.TRACKER.arm(loader, record, pending["rng"]):
+        elif not dataloaders.TRACKER.arm(loader, record, lambda: rngstate.restore(pending["rng"])):
             reason = "the train loader is not the one the checkpoint knows"
         if reason is not None:
             say("the train data resumes through HF's own skipping (%s)" % reason)
