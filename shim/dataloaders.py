@@ -506,6 +506,10 @@ class Tracker:
         position: Optional[Position] = iterator.__dict__.get(ATTR_POSITION)
         if position is None or not self.on:
             return original(iterator)
+        if position.resume_here or position.settle is not None:
+            sampler_iterator = getattr(iterator, "_sampler_iter", None)
+            if isinstance(sampler_iterator, Skipping):
+                sampler_iterator.prime()  # the order is drawn from the pass's start states
         if position.drain:
             drain, position.drain = position.drain, 0
             for _ in range(drain):

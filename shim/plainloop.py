@@ -241,9 +241,6 @@ class PlainLoop:
         resume = self.resume
         if resume is None or resume.done:
             return
-        sampler_iterator = getattr(iterator, "_sampler_iter", None)
-        if isinstance(sampler_iterator, dataloaders.Skipping):
-            sampler_iterator.prime()  # the sampler draws its order from the pass's start states
         objects = loopstate.Objects()
         reason = loopstate.mismatch(resume.saved, objects, complete=True)
         if reason is not None:
