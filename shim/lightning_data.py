@@ -165,12 +165,13 @@ class Position:
             return loader  # a stateful loader: Lightning saves and restores its position
         self.workers = loader.num_workers > 0
         self.persistent = bool(loader.persistent_workers and self.workers)
-        if self.persistent:
+        if self.workers:
             say_once(
                 "data-workers",
-                "the train DataLoader has persistent worker processes: a run resumed after its "
-                "first epoch gets the same batches, but random numbers drawn inside the workers "
-                "are not reproduced (their generators carry over from the epochs before)",
+                "the train DataLoader has worker processes: a resumed run gets the same batches "
+                "and replays the epoch's through the workers, but that random numbers drawn "
+                "inside them are reproduced is not yet shown for every launch (and never with "
+                "persistent workers, whose generators carry over from the epochs before)",
             )
         name = _sampler_name(loader)
         inner = getattr(loader, name)

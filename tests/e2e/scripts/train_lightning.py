@@ -46,7 +46,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--accumulate-grad-batches", type=int, default=1)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--persistent-workers", action="store_true")
-    parser.add_argument("--seed-workers", action="store_true", help="seed_everything(workers=True)")
     parser.add_argument("--noise", type=float, default=0.05, help="augmentation noise scale")
     return parser.parse_args()
 
@@ -112,7 +111,7 @@ def main() -> int:
         def on_train_batch_end(self, trainer, module, outputs, batch, index) -> None:  # type: ignore[no-untyped-def]
             print(f"rank {trainer.global_rank} step {trainer.global_step}", flush=True)
 
-    pl.seed_everything(args.seed, workers=args.seed_workers)
+    pl.seed_everything(args.seed)
     model = Classifier(args.hidden)
     train = DataLoader(
         NoisyPoints(args.samples, args.seed, args.noise),
