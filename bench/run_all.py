@@ -20,6 +20,7 @@ BENCHMARKS = (
     ("overheads", "bench.overheads"),
     ("lightning_overhead", "bench.lightning_overhead"),
     ("plainloop_overhead", "bench.plainloop_overhead"),
+    ("data_replay", "bench.data_replay"),
     ("admission", "bench.admission"),
     ("transfer", "bench.transfer"),
     ("stall", "bench.stall"),

@@ -9,15 +9,32 @@ happened are the *training* passes.
 
 After a resume the loop runs from its top again. Training passes that were
 finished yield nothing; the interrupted pass starts from the same random
-states, so its sampler produces the same order, and skips the batches already
-trained on by advancing the sampler's indices (no batch is loaded). The
-controller (``plainloop``) puts the rest of the state back at the first batch
-request of that pass: the *resume point*, the same place in the program where
-the JIT checkpoint was written.
+states, so its sampler produces the same order and its worker processes get
+the same seeds. It then catches up with the batches already trained on:
+
+- without worker processes, by advancing the sampler's indices (no batch is
+  loaded): whatever the dataset and the collate function draw happens in this
+  process, whose random states the checkpoint holds;
+- with worker processes, by *replaying* those batches through the workers
+  and dropping them: each worker's generators (torch's, Python's, numpy's,
+  however ``worker_init_fn`` seeded them) draw exactly what they drew the
+  first time, including for the batches they had prefetched, so the batches
+  after the resume point are made as they were. This reads the data again
+  (the price is in ``bench/``).
+
+The controller (``plainloop``) puts the rest of the state back at the first
+batch request of that pass: the *resume point*, the same place in the program
+where the JIT checkpoint was written.
 
 Accelerate's ``DataLoaderShard`` reads one batch ahead of what it yields, so
 for it the position counts what the shard yields, and the base loader inside
-it skips exactly that many batches.
+it catches up with exactly that many batches. The batch the shard held at the
+save point was read before the step that came before it: the random states
+just before that read (the *look-ahead* states) are recorded, put back for
+the same read after a resume, and the step's states after it.
+
+HF's Trainer and Lightning own their loops: the tracker then only records
+(``FOLLOW_ONLY``) and their integrations replay a pass through ``arm``.
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ from . import rngstate
 
 ATTR_TRACK = "_jitckpt_track"
 ATTR_POSITION = "_jitckpt_position"
+ATTR_CATCH_UP = "_jitckpt_catch_up"  # (batches, then) for an iterator's first batch request
 NO_BATCH = (
     "an optimizer step came without a new batch from a DataLoader "
     "(itertools.cycle, a list of batches, or batches made another way)"
@@ -61,13 +79,19 @@ class Position:
     """One pass over a loader, as the training loop sees it."""
 
     __slots__ = (
+        "before_fetch",
         "counts",
+        "drain",
         "epochs",
         "exhausted",
         "fed",
+        "generators",
+        "inner",
         "iteration",
+        "lookahead",
         "owner",
         "resume_here",
+        "settle",
         "start",
         "track",
         "yielded",
@@ -91,6 +115,12 @@ class Position:
         self.resume_here = False  # the next batch request is the resume point
         self.owner: Optional["weakref.ref[Any]"] = None  # what the loop iterates (held weakly)
         self.epochs: List[int] = []  # the samplers' ``epoch`` at the pass's start (set_epoch)
+        self.drain = 0  # batches to read through the workers and drop before the next one
+        self.generators: List[Any] = []  # the loader's own generators (look-ahead states)
+        self.lookahead: Optional[Dict[str, Any]] = None  # states for the next read (a resume)
+        self.settle: Optional[Callable[[], None]] = None  # after the catch-up (a framework's)
+        self.before_fetch: Optional[Dict[str, Any]] = None  # states before the last read (shards)
+        self.inner: Optional["Position"] = None  # a shard's pass: its base loader's pass
 
 
 class LoaderPlan:
@@ -106,6 +136,7 @@ class LoaderPlan:
         self.training: List[List[int]] = [list(r) for r in saved["training"]]
         self.signature: Dict[str, Any] = saved["signature"]
         self.epochs: Dict[int, List[int]] = dict(saved.get("epochs") or {})
+        self.lookahead: Optional[Dict[str, Any]] = saved.get("lookahead")
 
     def trained(self, iteration: int) -> bool:
         return any(first <= iteration <= last for first, last in self.training)
@@ -124,9 +155,11 @@ class LoaderTrack:
         self.epochs: Dict[int, List[int]] = {}  # training pass -> its samplers' epochs
         self.plan: Optional[LoaderPlan] = None
         self.outer = False  # an Accelerate shard counts this loader's batches
-        self.nested: Optional[tuple] = None  # (skip, resume) for the shard's next base pass
+        self.nested: Optional[CatchUp] = None  # for the shard's next base pass
         self.pending_skip: Optional[int] = None  # read by ``_index_sampler`` while a pass is built
         self.short_passes = 0  # training passes left after one batch, in a row
+        self.loader: Optional["weakref.ref[Any]"] = None  # the DataLoader (held weakly)
+        self.armed: Optional[tuple] = None  # (start, CatchUp) for its next pass (a framework's)
 
     def mark_training(self, iteration: int) -> None:
         if self.training and self.training[-1][1] >= iteration - 1:
@@ -136,6 +169,31 @@ class LoaderTrack:
 
     def is_training(self, iteration: int) -> bool:
         return any(first <= iteration <= last for first, last in self.training)
+
+
+class CatchUp:
+    """How a replayed pass gets back to its place (the base pass of a shard included)."""
+
+    def __init__(
+        self,
+        yielded: int,
+        workers: bool,
+        resume: bool,
+        lookahead: Optional[Dict[str, Any]] = None,
+        settle: Optional[Callable[[], None]] = None,
+    ) -> None:
+        # Worker processes draw random numbers the checkpoint cannot hold: replay through them.
+        self.skip: Optional[int] = None if workers else yielded
+        self.drain = yielded if workers else 0
+        self.resume = resume  # the pass's next batch request is the resume point
+        self.lookahead = lookahead
+        self.settle = settle
+
+    def apply(self, position: "Position") -> None:
+        position.drain = self.drain
+        position.resume_here = self.resume
+        position.lookahead = self.lookahead
+        position.settle = self.settle
 
 
 class _Done:
@@ -223,6 +281,7 @@ class Tracker:
         track = LoaderTrack(self.created, _signature(loader), self._problem(loader))
         self.created += 1
         loader.__dict__[ATTR_TRACK] = track
+        track.loader = weakref.ref(loader)
         self.tracks[track.index] = track
         plan = self.plans.pop(track.index, None)
         if plan is not None:
@@ -238,7 +297,10 @@ class Tracker:
         if loader._dataset_kind == _DatasetKind.Iterable:
             return "a DataLoader over an IterableDataset (its place cannot be found again)"
         if loader.persistent_workers and loader.num_workers > 0:
-            return "persistent DataLoader workers (their random states carry over between passes)"
+            return (
+                "persistent DataLoader workers (their random states carry over between passes: "
+                "a resume would have to replay every earlier epoch through them)"
+            )
         for sampler in _samplers(loader):
             if type(sampler).__iter__ not in self.known_samplers:
                 return (
@@ -283,6 +345,10 @@ class Tracker:
     # -- a pass begins -----------------------------------------------------------
     def begin(self, track: LoaderTrack, loader: Any, make: Callable[[], Any], shard: Any) -> Any:
         """Start pass number ``track.iterations`` (replayed, when the checkpoint says so)."""
+        armed, track.armed = track.armed, None
+        if armed is not None:
+            track.iterations += 1
+            return self.open(track, loader, make, shard, start=armed[0], catch_up=armed[1])
         self.listener.prepare()
         number = track.iterations
         epochs = _sampler_epochs(loader) if shard is None else []
@@ -304,25 +370,42 @@ class Tracker:
                 return _Done()
             if not finished:
                 replay = plan
-        roots = (shard, loader) if shard is not None else (loader,)
+        catch_up: Optional[CatchUp] = None
         if replay is not None:
             self.replayed = True
-            _put_back(replay.start, roots, shard)
-            position = Position(track, number, replay.yielded, replay.start)
-            skip: Optional[int] = replay.yielded
-            resume = replay.trigger
+            catch_up = CatchUp(replay.yielded, _workers(loader), replay.trigger, replay.lookahead)
+        start = replay.start if replay is not None else None
+        return self.open(track, loader, make, shard, start=start, catch_up=catch_up)
+
+    def open(
+        self,
+        track: LoaderTrack,
+        loader: Any,
+        make: Callable[[], Any],
+        shard: Any,
+        *,
+        start: Optional[Dict[str, Any]],
+        catch_up: Optional[CatchUp],
+    ) -> Any:
+        """Begin the pass: from ``start`` states caught up by ``catch_up``, or from now."""
+        roots = (shard, loader) if shard is not None else (loader,)
+        if start is not None:
+            _put_back(start, roots, shard)
+            position = Position(track, track.iterations - 1, 0, start)
         else:
-            position = Position(track, number, 0, _capture(roots, shard))
-            skip, resume = None, False
-        position.epochs = epochs
+            position = Position(track, track.iterations - 1, 0, _capture(roots, shard))
+        if catch_up is not None:
+            position.yielded = catch_up.drain or catch_up.skip or 0
+        position.epochs = _sampler_epochs(loader) if shard is None else []
         track.current = position
         if shard is not None:
-            track.nested = (skip, resume) if skip is not None else None
-            generator = self._counting(position, make(), shard, replay)
+            track.nested = catch_up
+            generator = self._counting(position, make(), shard, catch_up)
             position.owner = weakref.ref(generator)
             return generator
-        position.resume_here = resume
-        iterator = self._build(track, make, skip)
+        if catch_up is not None:
+            catch_up.apply(position)
+        iterator = self._build(track, make, catch_up.skip if catch_up else None)
         try:
             iterator.__dict__[ATTR_POSITION] = position
             position.owner = weakref.ref(iterator)
@@ -347,17 +430,29 @@ class Tracker:
             )
 
     def nested(self, track: LoaderTrack, make: Callable[[], Any]) -> Any:
-        """The base pass inside an Accelerate shard's pass: skip and resume as it was told."""
+        """The base pass inside an Accelerate shard's pass: catch up as it was told.
+
+        It notes the random states before each read: the shard reads one batch
+        ahead, and a checkpoint needs the states that batch was read from.
+        """
         pending, track.nested = track.nested, None
-        if pending is None:
-            return make()
-        skip, resume = pending
-        iterator = self._build(track, make, skip)
-        if resume:
-            position = Position(track, -1, counts=False)
-            position.resume_here = True
+        outer = track.current
+        iterator = self._build(track, make, pending.skip if pending is not None else None)
+        position = Position(track, -1, counts=False)
+        if pending is not None:
+            pending.apply(position)
+        position.generators = rngstate.generators(self._base_of(track))
+        if outer is not None:
+            outer.inner = position
+        try:
             iterator.__dict__[ATTR_POSITION] = position
+        except AttributeError:
+            track.problem = "its iterator is a %s" % type(iterator).__name__
         return iterator
+
+    @staticmethod
+    def _base_of(track: LoaderTrack) -> Any:
+        return track.loader() if track.loader is not None else None
 
     @staticmethod
     def _build(track: LoaderTrack, make: Callable[[], Any], skip: Optional[int]) -> Any:
@@ -379,7 +474,7 @@ class Tracker:
             track.short_passes = 0
 
     def _counting(
-        self, position: Position, inner: Iterator[Any], shard: Any, replay: Optional[LoaderPlan]
+        self, position: Position, inner: Iterator[Any], shard: Any, replay: Optional[CatchUp]
     ) -> Iterator[Any]:
         try:
             while True:
@@ -388,7 +483,9 @@ class Tracker:
                     batch = next(inner)
                 except StopIteration:
                     position.exhausted = True
-                    skipped_whole = replay is not None and 0 < replay.yielded == position.yielded
+                    skipped_whole = replay is not None and 0 < position.yielded == (
+                        replay.drain or replay.skip
+                    )
                     if skipped_whole and self.shard_skipped_whole is not None:
                         self.shard_skipped_whole(shard)
                     return
@@ -401,18 +498,47 @@ class Tracker:
 
     # -- batches ---------------------------------------------------------------
     def next_batch(self, iterator: Any, original: Callable[[Any], Any]) -> Any:
+        pending = iterator.__dict__.pop(ATTR_CATCH_UP, None)
+        if pending is not None:
+            for _ in range(pending[0]):
+                original(iterator)  # read through the workers, as the first run did, and dropped
+            pending[1]()
         position: Optional[Position] = iterator.__dict__.get(ATTR_POSITION)
         if position is None or not self.on:
             return original(iterator)
+        if position.resume_here or position.settle is not None:
+            sampler_iterator = getattr(iterator, "_sampler_iter", None)
+            if isinstance(sampler_iterator, Skipping):
+                sampler_iterator.prime()  # the order is drawn from the pass's start states
+        if position.drain:
+            drain, position.drain = position.drain, 0
+            for _ in range(drain):
+                original(iterator)  # read through the workers, as the first run did, and dropped
+        if position.settle is not None:
+            settle, position.settle = position.settle, None
+            settle()
         self.listener.before_batch(position, iterator)
+        lookahead, position.lookahead = position.lookahead, None
+        after: Optional[Dict[str, Any]] = None
+        before: Optional[Dict[str, Any]] = None
+        if lookahead is not None:
+            after = rngstate.capture_with(position.generators)
+            rngstate.restore_with(lookahead, position.generators)
+        elif not position.counts:
+            before = rngstate.capture_with(position.generators)
         try:
             batch = original(iterator)
         except StopIteration:
             if position.counts:
                 position.exhausted = True
             raise
+        finally:
+            if after is not None:
+                rngstate.restore_with(after, position.generators)
         if position.counts:
             self._took(position)
+        elif lookahead is None:
+            position.before_fetch = before
         return batch
 
     def _took(self, position: Position) -> None:
@@ -468,6 +594,8 @@ class Tracker:
             going_on = position is trigger or (
                 track.index in self.in_last_step and not position.exhausted
             )
+            inner = position.inner
+            lookahead = inner.before_fetch if going_on and inner is not None else None
             saved.append(
                 {
                     "index": track.index,
@@ -479,9 +607,54 @@ class Tracker:
                     "training": [list(r) for r in track.training],
                     "epochs": dict(track.epochs),
                     "signature": track.signature,
+                    "lookahead": lookahead,
                 }
             )
         return saved
+
+    # -- a framework's own loop (HF's Trainer, Lightning) --------------------------
+    def follow_only(self) -> None:
+        """A framework drives the loop: record each pass's place; its integration resumes it."""
+        self.listener = Listener()
+        self.plans = {}
+
+    def record(self, loader: Any) -> Optional[Dict[str, Any]]:
+        """Where ``loader``'s current pass stands (for a framework's checkpoint); None: unknown."""
+        track = _track_of(loader)
+        position = track.current if track is not None else None
+        if track is None or position is None or position.start is None:
+            return None
+        inner = position.inner
+        return {
+            "signature": track.signature,
+            "start": position.start,
+            "yielded": position.yielded,
+            "exhausted": position.exhausted,
+            "lookahead": inner.before_fetch if inner is not None else None,
+        }
+
+    def problem_of(self, loader: Any) -> Optional[str]:
+        """Why ``loader``'s passes cannot be replayed exactly (None: they can)."""
+        track = _track_of(loader)
+        if track is None:
+            return "%s is not a DataLoader the shim follows" % type(loader).__name__
+        return track.problem
+
+    def arm(self, loader: Any, record: Dict[str, Any], settle: Callable[[], None]) -> bool:
+        """Make ``loader``'s next pass the one ``record`` describes, caught up to its place.
+
+        ``settle``: the random states of the step the record was taken at, put
+        back once the pass caught up (a framework restores the rest itself).
+        """
+        track = _track_of(loader)
+        if track is None or record.get("signature") != track.signature:
+            return False
+        base = track.loader() if track.loader is not None else None
+        catch_up = CatchUp(
+            int(record["yielded"]), _workers(base), True, record.get("lookahead"), settle
+        )
+        track.armed = (record["start"], catch_up)
+        return True
 
     def shutdown_workers(self) -> None:
         """Stop the worker processes of passes still open (before the process exits)."""
@@ -494,6 +667,21 @@ class Tracker:
 
 
 TRACKER = Tracker()
+
+
+def replay_first(iterator: Any, batches: int, then: Callable[[], None]) -> None:
+    """At ``iterator``'s first batch request, read ``batches`` through its workers, drop
+    them, then call ``then`` (for a framework whose sampler already replayed the order)."""
+    iterator.__dict__[ATTR_CATCH_UP] = (batches, then)
+
+
+def _track_of(loader: Any) -> Optional[LoaderTrack]:
+    """The track of a DataLoader, or of the base loader inside an Accelerate shard."""
+    found = getattr(loader, "__dict__", {})
+    track = found.get(ATTR_TRACK)
+    if track is None and found.get("base_dataloader") is not None:
+        track = found["base_dataloader"].__dict__.get(ATTR_TRACK)
+    return track if isinstance(track, LoaderTrack) else None
 
 
 def _signature(loader: Any) -> Dict[str, Any]:
@@ -511,7 +699,14 @@ def _signature(loader: Any) -> Dict[str, Any]:
         "length": length,
         "dataset": dataset_length,
         "batch_size": loader.batch_size if isinstance(loader.batch_size, int) else None,
+        "workers": _workers(loader),
     }
+
+
+def _workers(loader: Any) -> bool:
+    """Whether the loader reads its batches in worker processes."""
+    workers = getattr(loader, "num_workers", 0)
+    return isinstance(workers, int) and workers > 0
 
 
 def _samplers(loader: Any) -> List[Any]:

@@ -40,7 +40,7 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import asyncsave, claim, dist, final, hfsaves, watcher
+from . import asyncsave, claim, dist, final, hfdata, hfsaves, watcher
 from .config import ShimConfig
 from .layout import CHECKPOINT_PREFIX, step_of
 from .log import failed, say_once
@@ -87,6 +87,7 @@ class TrainerSession:
         self.callback_type: type = type(None)  # the JitCallback class attached to this Trainer
         self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
         self._saves_decided = False
+        self.data = hfdata.TrainData()  # the train loader's place, replayed on resume
         self.run.while_held = lambda: self.stage_written(block=False)
 
     # -- where checkpoints go -------------------------------------------------
@@ -322,12 +323,16 @@ def install(module: ModuleType, config: ShimConfig) -> None:
             try:
                 if args:
                     args = (session.resume_argument(args[0]), *args[1:])
+                    resume = args[0]
                 else:
                     requested = kwargs.get("resume_from_checkpoint")
-                    kwargs["resume_from_checkpoint"] = session.resume_argument(requested)
+                    resume = session.resume_argument(requested)
+                    kwargs["resume_from_checkpoint"] = resume
+                session.data.read(resume)
             except Exception as exc:
                 failed("resume", exc)
             session.trained = False
+            _TRAINING.append(session)
             session.run.training_again()
             FLAG.armed = config.jit
             normally = False
@@ -335,6 +340,7 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                 result = original(self, *args, **kwargs)
                 normally = True
             finally:
+                _TRAINING.remove(session)
                 try:
                     session.training_ended(normally)
                 except Exception as exc:
@@ -392,4 +398,14 @@ def install(module: ModuleType, config: ShimConfig) -> None:
         _wrap(trainer_cls, "_get_output_dir", make_output_dir)
     if hasattr(trainer_cls, "_save_checkpoint"):
         _wrap(trainer_cls, "_save_checkpoint", make_save_checkpoint)
+    hfdata.install(module, _data_of, lambda: _TRAINING[-1].data if _TRAINING else None)
     trainer_cls._jitckpt_patched = True
+
+
+# The sessions whose ``train()`` is running (innermost last).
+_TRAINING: List[TrainerSession] = []
+
+
+def _data_of(trainer: Any) -> Optional[hfdata.TrainData]:
+    session: Optional[TrainerSession] = getattr(trainer, ATTRIBUTE, None)
+    return session.data if session is not None else None

@@ -15,14 +15,20 @@ module closes the gap, without loading a skipped batch:
 - on resume the two epoch states are put back at the same two moments, so
   the iterator draws the same seeds and the same order; the consumed batches'
   indices are skipped (indices only: the dataset is not read) and the step
-  boundary's states are put back right before the next batch is read.
+  boundary's states are put back right before the next batch is read;
+- with worker processes the consumed batches are instead read again through
+  the workers and dropped (``dataloaders.replay_first``, the plain loop's
+  replay): each worker, seeded as the first time (``seed_everything(workers=
+  True)``'s ``worker_init_fn`` included), draws what it drew then, so the
+  batches after the resume point get the same augmentation.
 
 The generators are Python's ``random``, numpy's legacy global one (when numpy
 is loaded), torch's CPU and CUDA ones, and every ``torch.Generator`` the
 DataLoader or its samplers hold. What this cannot reproduce is said once:
-random numbers a DataLoader's worker processes draw (the workers are seeded
-the same, but start at another batch), an ``IterableDataset``, more than one
-train DataLoader, and a train data source that is no ``DataLoader``.
+random numbers drawn in persistent workers after their first epoch (their
+generators carry over from epochs the resumed run does not replay), an
+``IterableDataset``, more than one train DataLoader, and a train data source
+that is no ``DataLoader``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import sys
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from . import rngstate
+from . import dataloaders, rngstate
 from .log import failed, say, say_once
 
 # The version of what ``Position.record`` returns (a rank's file in the checkpoint).
@@ -104,7 +110,9 @@ class ResumableSampler:
 
     def _indices(self, inner: Iterator[Any]) -> Iterator[Any]:
         skip = self._position.first_indices()
-        if skip:
+        if skip and self._position.workers:
+            self._position.replay(skip)
+        elif skip:
             for _ in itertools.islice(inner, skip):
                 pass
             self._position.skipped()
@@ -132,6 +140,7 @@ class Position:
         self.pending: Optional[Resume] = None
         # Persistent workers: each epoch resets one iterator, which draws no new worker seed.
         self.persistent = False
+        self.workers = False  # batches are read in worker processes: replayed through them
 
     # -- the train DataLoader ---------------------------------------------------
     def wrap(self, loader: Any) -> Any:
@@ -154,13 +163,16 @@ class Position:
             return loader
         if callable(getattr(loader, "state_dict", None)):
             return loader  # a stateful loader: Lightning saves and restores its position
-        if loader.num_workers > 0:
+        self.workers = loader.num_workers > 0
+        self.persistent = bool(loader.persistent_workers and self.workers)
+        if self.workers:
             say_once(
                 "data-workers",
-                "the train DataLoader has worker processes: a resumed run gets the same batches, "
-                "but random numbers drawn inside the workers are not reproduced",
+                "the train DataLoader has worker processes: a resumed run gets the same batches "
+                "and replays the epoch's through the workers, but that random numbers drawn "
+                "inside them are reproduced is not yet shown for every launch (and never with "
+                "persistent workers, whose generators carry over from the epochs before)",
             )
-        self.persistent = bool(loader.persistent_workers and loader.num_workers > 0)
         name = _sampler_name(loader)
         inner = getattr(loader, name)
         if not isinstance(inner, ResumableSampler):
@@ -234,6 +246,15 @@ class Position:
             restore(pending.states, self.generators)
         except Exception as exc:
             failed("restoring the random number generators", exc)
+
+    def replay(self, batches: int) -> None:
+        """The consumed batches are read again through the workers at the first batch request,
+        then the step boundary's states go back."""
+        owner = self._owner()
+        if owner is None:
+            say_once("data-replay", "the DataLoader iterator is gone: not replaying its batches")
+            return
+        dataloaders.replay_first(owner, batches, self.skipped)
 
     def batch_taken(self) -> None:
         """Training took its first batch: the resume is done (once).

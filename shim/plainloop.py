@@ -254,9 +254,6 @@ class PlainLoop:
         resume = self.resume
         if resume is None or resume.done:
             return
-        sampler_iterator = getattr(iterator, "_sampler_iter", None)
-        if isinstance(sampler_iterator, dataloaders.Skipping):
-            sampler_iterator.prime()  # the sampler draws its order from the pass's start states
         objects = loopstate.Objects()
         reason = loopstate.mismatch(resume.saved, objects, complete=True)
         if reason is not None:
@@ -420,7 +417,10 @@ class PlainLoop:
         ``reason`` None: a framework integration owns this process (it owns SIGTERM too).
         """
         self.state = OFF
-        dataloaders.TRACKER.on = False
+        if reason is None:
+            dataloaders.TRACKER.follow_only()  # the framework's integration resumes its data
+        else:
+            dataloaders.TRACKER.on = False
         self._remove_forward_hook()  # (the step hook stays: torch is iterating its hooks now)
         if self.resume is not None and not self.resume.done:
             if self.resume.early or dataloaders.TRACKER.replayed:

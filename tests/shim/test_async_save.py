@@ -31,6 +31,7 @@ from tests.sidecar.agentproc import AgentProcess
 HF_FILES = {
     "config.json",
     "generation_config.json",
+    "jitckpt_data_0.pth",  # the shim's record of where the train DataLoader stood
     "model.safetensors",
     "optimizer.pt",
     "rng_state.pth",
