@@ -161,6 +161,14 @@ class LoaderTrack:
         self.loader: Optional["weakref.ref[Any]"] = None  # the DataLoader (held weakly)
         self.armed: Optional[tuple] = None  # (start, CatchUp) for its next pass (a framework's)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """A pickled loader carries its track (Lightning's ``ddp_spawn`` sends the loaders
+        to the processes it starts) without this process's live references: a weak
+        reference cannot be pickled, and the pass under way is this process's own."""
+        state = dict(self.__dict__)
+        state.update(loader=None, current=None, nested=None, armed=None)
+        return state
+
     def mark_training(self, iteration: int) -> None:
         if self.training and self.training[-1][1] >= iteration - 1:
             self.training[-1][1] = max(self.training[-1][1], iteration)

@@ -89,11 +89,13 @@ def install(torch_kinds: Tuple[type, ...]) -> None:
     def __build_class__(func: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         cls = original(func, name, *args, **kwargs)
         try:
+            # The program's own classes first: an attribute of a library's class may run
+            # code (transformers' placeholders for a missing package raise ImportError).
             if (
-                isinstance(cls, type)
+                is_program_file(getattr(getattr(func, "__code__", None), "co_filename", None))
+                and isinstance(cls, type)
                 and has_state(cls)
                 and not issubclass(cls, torch_kinds)
-                and is_program_file(getattr(getattr(func, "__code__", None), "co_filename", None))
             ):
                 if "__init__" in cls.__dict__:
                     note_instances(cls, OBJECTS)
