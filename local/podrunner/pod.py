@@ -31,6 +31,8 @@ from local.podrunner.spec import PodContext, container_argv, container_env
 from local.podrunner.volumes import PodVolumes
 
 DEFAULT_GRACE_SECONDS = 30.0
+# The kubelet never stops a container with less grace than this, even past the pod's deadline.
+MINIMUM_GRACE_SECONDS = 2.0
 SIGTERM, SIGKILL = 15, 9
 
 
@@ -323,15 +325,18 @@ class Pod:
         return self._terminate_at + self.grace_seconds
 
     def _stop_group(self, containers: list[Container]) -> None:
-        """preStop hooks then SIGTERM, in parallel; wait for exit until the grace deadline."""
+        """preStop hooks then SIGTERM, in parallel; wait for exit until the grace deadline,
+        or the kubelet's minimum grace after the SIGTERM where that is later: a sidecar
+        stopped after the trainers used the whole period still gets its SIGTERM and 2 s."""
         running = [c for c in containers if c.running]
         threads = [threading.Thread(target=self._stop_one, args=(c,)) for c in running]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        until = max(self._deadline(), time.monotonic() + MINIMUM_GRACE_SECONDS)
         for container in running:
-            while container.running and time.monotonic() < self._deadline() and not self._killed:
+            while container.running and time.monotonic() < until and not self._killed:
                 container.wait(0.05)
 
     def _stop_one(self, container: Container) -> None:

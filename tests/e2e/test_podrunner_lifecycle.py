@@ -151,6 +151,35 @@ def test_termination_runs_prestop_inside_then_sigterm_then_sigkill(node: Node) -
     assert reasons.index(("trainer", "PreStopHook")) < reasons.index(("trainer", "Killing"))
 
 
+def test_a_sidecar_stopped_past_the_deadline_still_gets_sigterm_and_the_minimum_grace(
+    node: Node,
+) -> None:
+    """The trainer (PID 1 without a trap) uses the whole grace period; the kubelet then
+    stops the native sidecar with its minimum of 2 s, not a SIGKILL with no SIGTERM."""
+    sidecar = sh(
+        "agent",
+        "trap 'sleep 0.5; echo stopped > /mnt/jitckpt-pvc/agent-stopped; exit 0' TERM; "
+        "while true; do sleep 0.05; done",
+        restartPolicy="Always",
+        volumeMounts=MOUNTS,
+    )
+    p = Pod(
+        node,
+        pod(
+            "late",
+            [sh("trainer", "sleep 60")],
+            initContainers=[sidecar],
+            terminationGracePeriodSeconds=1,
+        ),
+    ).start()
+    time.sleep(1.0)
+    p.terminate()
+    result = p.wait(30)
+    assert result.exit_code("trainer") == 137
+    assert result.exit_code("agent") == 0
+    assert (node.claim_path("shared") / "agent-stopped").read_text() == "stopped\n"
+
+
 def test_kill_takes_every_process_of_the_container(node: Node) -> None:
     # a daemonized grandchild in its own session still dies with PID 1
     script = "setsid sh -c 'sleep 300' & echo started > /mnt/jitckpt-pvc/k; sleep 300"

@@ -36,7 +36,9 @@ SECRET = "ckpt-s3"
 def injected_pod(bucket: str) -> dict[str, Any]:
     pod = load_yaml(FIXTURES / "pytorchjob-master.yaml")
     (trainer,) = pod["spec"]["containers"]
-    trainer["command"] = ["python", "-c", "import time; time.sleep(600)"]
+    # PID 1 of its container: it stops on SIGTERM only with a handler, as a trainer does.
+    stop = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))"
+    trainer["command"] = ["python", "-c", stop + "; time.sleep(600)"]
     trainer.pop("args", None)
     namespace = NamespaceInfo(
         "team-a",
@@ -109,4 +111,8 @@ def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> N
         finally:
             pod.terminate()
             result = pod.wait(60)
+        assert result.containers["pytorch"].exit_code == 143
+        assert result.init_containers["jitckpt-agent"].exit_code == 0, result.message(
+            "jitckpt-agent"
+        )
         assert "last committed checkpoint: step 20" in result.message("jitckpt-agent")

@@ -13,10 +13,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
+from shim import layout
 from tests.e2e.support import SCRIPT, script_args
 from tests.images.support import ENV_IMAGES, written_to_root
 
@@ -47,7 +48,11 @@ def test_a_demo_job_is_preempted_and_resumed_by_the_image_s_agent(
     # Each sidecar ran from the image (an overlay on its root) and wrote nothing to it.
     roots = sorted((workdir / "node" / "pods").glob("*/containers/jitckpt-agent/root/upper"))
     assert len(roots) >= 4, "two pods preempted, two resumed, each with its sidecar"
-    # /var/run is Debian's link to /run: the mount point is made inside the image.
-    mount_points = {"mnt/jitckpt", "run/jitckpt", "opt/jitckpt"}
+    # The sidecar's volume mounts, where the runtime makes its mount points; /var/run is
+    # Debian's link to /run, so those are made under run/ inside the image.
+    mounts = (layout.LOCAL_DIR, layout.RUN_DIR, layout.SHIM_ROOT, layout.S3_SECRET_DIR)
+    mount_points = {
+        str(PurePosixPath(m).relative_to("/")).replace("var/run/", "run/", 1) for m in mounts
+    }
     for upper in roots:
         assert written_to_root(upper, mount_points) == set(), upper

@@ -107,13 +107,28 @@ def test_a_rotated_secret_is_used_without_a_restart(store: IamStore, tmp_path: P
         assert key[0] not in log and key[1] not in log
 
 
+@pytest.fixture
+def own_s3() -> Iterator[LocalS3]:
+    """A server of this test's own: moto's model dump (which keys STS issued) walks every
+    object the server holds, and the shared server's, left by other tests, can break it."""
+    with LocalS3() as server:
+        yield server
+
+
 def test_irsa_assumes_the_pods_role_and_refreshes_before_expiry(
-    local_s3: LocalS3, bucket: str, proxy: FaultProxy, tmp_path: Path
+    own_s3: LocalS3, tmp_path: Path
 ) -> None:
     """moto's STS answers AssumeRoleWithWebIdentity, which is unsigned, only while its IAM
     checks are off: here the proxy in front of S3 records which key signed each request,
     and every one must be a key STS issued for the pod's role, a new one in use before
     the first expired."""
+    local_s3, bucket = own_s3, f"ckpt-{uuid.uuid4().hex[:12]}"
+    own_s3.create_bucket(bucket)
+    with FaultProxy(own_s3.endpoint) as proxy:
+        _irsa_refreshes(local_s3, bucket, proxy, tmp_path)
+
+
+def _irsa_refreshes(local_s3: LocalS3, bucket: str, proxy: FaultProxy, tmp_path: Path) -> None:
     admin = boto3.client(
         "iam",
         endpoint_url=local_s3.endpoint,
