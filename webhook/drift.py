@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook import jobs
+from webhook import identity, jobs
 from webhook import patch as patches
 from webhook.config import WebhookConfig
 from webhook.injection import CONFIG_FIELDS, build
@@ -211,6 +211,58 @@ def _assumed_namespace(name: str, status: InjectionStatus) -> NamespaceInfo:
     return NamespaceInfo(name=name, labels={}, annotations=annotations)
 
 
+def _recorded_drift(
+    pod: dict[str, Any],
+    original: dict[str, Any],
+    *,
+    trainer: jobs.TrainerPod,
+    status: InjectionStatus,
+    namespace: NamespaceInfo,
+    config: WebhookConfig,
+) -> list[tuple[str, str]]:
+    """``edited`` and ``config`` drift of ``pod`` (``original`` once stripped), with notes."""
+    settings_used = {k: v for k, v in status.config.items() if k not in CONFIG_FIELDS}
+    expected = build(
+        original,
+        trainer,
+        values=settings_used,
+        sources=status.configSources,
+        namespace=namespace.name,
+        config=_recorded_config(config, status),
+    )
+    found = [("edited", note) for note in _edited(expected.pod, pod, status)]
+    current = mutate(original, namespace, config, require_opt_in=False)
+    if not current.injected:
+        found.append(
+            ("config", f"the current configuration would not inject it: {current.message}")
+        )
+    elif patches.spec_digest(original, current.pod) != status.patchSha256:
+        found.append(("config", "the current configuration would inject it differently"))
+    return found
+
+
+def _identity_added_later(
+    pod: dict[str, Any], status: InjectionStatus, namespace: NamespaceInfo, config: WebhookConfig
+) -> str | None:
+    """The kind of workload identity a webhook called after this one gave every container,
+    when the pod without it is exactly what this webhook injected; else None."""
+    undone = identity.undo_later(pod, {*status.initContainers, *status.containers})
+    if undone is None:
+        return None
+    earlier, kind = undone
+    original = strip(earlier, status)
+    trainer = jobs.detect(original)
+    if not isinstance(trainer, jobs.TrainerPod):
+        return None
+    return (
+        None
+        if _recorded_drift(
+            earlier, original, trainer=trainer, status=status, namespace=namespace, config=config
+        )
+        else kind
+    )
+
+
 def audit_pod(
     pod: dict[str, Any], namespace: NamespaceInfo | None, config: WebhookConfig
 ) -> PodAudit:
@@ -251,30 +303,24 @@ def audit_pod(
         row.notes.append(f"the current rules would not inject it: {trainer.message}")
         return row
 
-    settings_used = {k: v for k, v in status.config.items() if k not in CONFIG_FIELDS}
-    expected = build(
-        original,
-        trainer,
-        values=settings_used,
-        sources=status.configSources,
-        namespace=ns_name,
-        config=_recorded_config(config, status),
-    )
-    edited = _edited(expected.pod, pod, status)
-    if edited:
-        row.drift.append("edited")
-        row.notes += edited
-
     if namespace is None:
         namespace = _assumed_namespace(ns_name, status)
         row.notes.append(f"namespace {ns_name} not in the input: its recorded settings assumed")
+    found = _recorded_drift(
+        pod, original, trainer=trainer, status=status, namespace=namespace, config=config
+    )
+    if found:
+        later = _identity_added_later(pod, status, namespace, config)
+        if later is not None:
+            found = []
+            row.notes.append(
+                f"workload identity ({later}) added to every container by a webhook after jitckpt's"
+            )
+    for kind, note in found:
+        if kind not in row.drift:
+            row.drift.append(kind)
+        row.notes.append(note)
     current = mutate(original, namespace, config, require_opt_in=False)
-    if not current.injected:
-        row.drift.append("config")
-        row.notes.append(f"the current configuration would not inject it: {current.message}")
-    elif patches.spec_digest(original, current.pod) != status.patchSha256:
-        row.drift.append("config")
-        row.notes.append("the current configuration would inject it differently")
     if current.injected:
         unlike = sidecar_drift(current.pod, pod)
         if unlike:

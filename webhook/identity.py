@@ -83,3 +83,63 @@ def find(container: Mapping[str, Any]) -> WorkloadIdentity | None:
                 mounts.append(mount)
         return WorkloadIdentity(kind, copied, mounts, warnings)
     return None
+
+
+def _names(kind: str) -> set[str]:
+    return {*KINDS[kind], TOKEN_FILES[kind], *COMPANIONS, "AWS_DEFAULT_REGION"}
+
+
+def undo_later(pod: Mapping[str, Any], ours: set[str]) -> tuple[dict[str, Any], str] | None:
+    """``pod`` as it was before an identity webhook that ran after this one, and its kind;
+    None when nothing says one did.
+
+    Webhooks are called in the order of their configurations' names, so on EKS IRSA's
+    usually runs after this one: it gives every container, the sidecars ``ours`` included,
+    the same identity env and token mount, and adds the token's volume. Taken out of every
+    container (only entries equal to the sidecar's), the pod is the one this webhook
+    returned, which ``jitckpt audit`` can check against its record.
+    """
+    spec = pod.get("spec") or {}
+    containers = [
+        c
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or []
+        if isinstance(c, dict)
+    ]
+    sidecars = [c for c in containers if c.get("name") in ours]
+    found = [identity for c in sidecars if (identity := find(c)) is not None]
+    if not found or len(found) < len(sidecars) or any(f.kind != found[0].kind for f in found):
+        return None
+    first = found[0]
+    env = {e["name"]: e for e in first.env if e.get("name") in _names(first.kind)}
+    mount = first.mounts[0] if first.mounts else None
+    out = copy.deepcopy(dict(pod))
+    for key in ("initContainers", "containers"):
+        for container in out["spec"].get(key) or []:
+            if not isinstance(container, dict):
+                continue
+            entries = container.get("env") or []
+            kept = [e for e in entries if not (isinstance(e, dict) and env.get(e.get("name")) == e)]
+            if kept:
+                container["env"] = kept
+            else:
+                container.pop("env", None)
+            if mount is not None:
+                mounts = [
+                    m
+                    for m in container.get("volumeMounts") or []
+                    if not (
+                        isinstance(m, dict)
+                        and m.get("name") == mount.get("name")
+                        and m.get("mountPath") == mount.get("mountPath")
+                    )
+                ]
+                if mounts:
+                    container["volumeMounts"] = mounts
+                else:
+                    container.pop("volumeMounts", None)
+    if mount is not None:
+        out["spec"]["volumes"] = [
+            v for v in out["spec"].get("volumes") or [] if v.get("name") != mount.get("name")
+        ]
+    return out, first.kind

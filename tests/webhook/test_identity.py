@@ -9,6 +9,7 @@ pod as it is).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from tests.webhook import eks_identity
 from tests.webhook.golden import load_yaml
 from tests.webhook.server_support import FIXTURES
 from webhook.config import WebhookConfig
+from webhook.drift import audit_pod
 from webhook.mutate import NamespaceInfo, mutate
 from webhook.status import AGENT, RESTORE
 
@@ -129,3 +131,36 @@ def test_a_token_file_on_no_volume_is_said() -> None:
     assert any("/nowhere/token" in w and "cannot read it" in w for w in result.warnings)
     (sidecar,) = sidecars(result.pod)
     assert env_of(sidecar)["AWS_ROLE_ARN"]["value"] == eks_identity.IRSA_ROLE
+
+
+@pytest.mark.parametrize("mode", ["native", "legacy"])
+@pytest.mark.parametrize("kind", sorted(IDENTITY_ENV))
+@pytest.mark.parametrize("fixture", sorted(PODS))
+def test_audit_of_an_identity_webhook_after_ours_finds_no_drift(
+    fixture: str, kind: str, mode: str
+) -> None:
+    """Webhooks run in the order of their configurations' names: on EKS IRSA's usually runs
+    after jitckpt's. The pod it returns is what jitckpt injected plus the pod's identity."""
+    ns = namespace(PODS[fixture], secret=False)
+    after = eks_identity.apply(inject(load_yaml(FIXTURES / f"{fixture}.yaml"), ns, mode), kind)
+    row = audit_pod(after, ns, WebhookConfig())
+    assert row.drift == [], row.notes
+    assert f"workload identity ({kind}) added to every container by a webhook" in row.notes[0]
+
+
+def test_audit_after_an_identity_webhook_still_sees_an_edit() -> None:
+    """Taking the identity out must not hide anything else: a trainer's JITCKPT env changed
+    is drift, and so is a sidecar given another role than the trainer's."""
+    ns = namespace("team-a", secret=False)
+    after = eks_identity.apply(
+        inject(load_yaml(FIXTURES / "pytorchjob-worker.yaml"), ns, "native"), "irsa"
+    )
+    edited = copy.deepcopy(after)
+    (trainer,) = edited["spec"]["containers"]
+    env_of(trainer)["JITCKPT_JIT"]["value"] = "false"
+    assert "edited" in audit_pod(edited, ns, WebhookConfig()).drift
+    other_role = copy.deepcopy(after)
+    for sidecar in sidecars(other_role):
+        env_of(sidecar)["AWS_ROLE_ARN"]["value"] = "arn:aws:iam::123456789012:role/admin"
+    row = audit_pod(other_role, ns, WebhookConfig())
+    assert row.drift != [], row.notes
