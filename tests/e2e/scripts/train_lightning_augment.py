@@ -70,15 +70,16 @@ def main() -> None:
     pl.seed_everything(42, workers=True)
     loader = DataLoader(AugmentedPoints(160), batch_size=8, shuffle=True, num_workers=args.workers)
     model = Classifier()
+    strategy = "ddp" if args.num_nodes > 1 else "auto"
     trainer = pl.Trainer(
-        max_epochs=args.epochs,
-        num_nodes=args.num_nodes,
         accelerator="cpu",
         devices=1,
-        strategy="ddp" if args.num_nodes > 1 else "auto",
-        enable_progress_bar=False,
-        enable_checkpointing=False,
+        num_nodes=args.num_nodes,
+        strategy=strategy,
+        max_epochs=args.epochs,
         logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
     )
     trainer.fit(model, loader)
     if trainer.global_rank == 0:
