@@ -67,6 +67,7 @@ from . import asyncsave, claim, dist, final, lightning_memory, lightningsaves, w
 from .checkpoints import list_checkpoints
 from .config import ShimConfig
 from .lightning_data import Position
+from .lightning_exact import renew_if_stale, stand_down
 from .log import failed, say, say_once
 from .protocol import KIND_JIT, KIND_PERIODIC
 from .signals import FLAG
@@ -210,6 +211,8 @@ class FitSession:
         self.at_step_end = False
         self.memory: Optional[lightning_memory.Memory] = None  # what a resume puts back
         self.trained = False  # the last fit() returned normally: saves from now on are final
+        self.off = False  # the train data cannot be resumed exactly: no checkpoints at all
+        self.register_again: Callable[[], None] = lambda: None  # Lightning's SIGTERM handling
 
     # -- where the run stands -------------------------------------------------------
     def batches(self) -> float:
@@ -253,6 +256,11 @@ class FitSession:
 
     def train_started(self) -> None:
         trainer = self.trainer
+        problem = self.position.problem_with(self.train_loaders())
+        if problem is not None:
+            self.off = True
+            stand_down(problem, self.register_again)
+            return
         self.last_step = int(trainer.global_step)
         max_steps = int(trainer.max_steps)
         if max_steps <= 0:
@@ -479,6 +487,8 @@ def _make_callback(base: type) -> type:
             self._session = session
 
         def _guard(self, what: str, action: Callable[[], None]) -> None:
+            if self._session.off:
+                return  # the shim stood down for this run (``lightning_exact``)
             try:
                 action()
             except Exception as exc:
@@ -521,6 +531,7 @@ class Integration:
         self.callback_type = _make_callback(parts.callback)  # type: ignore[arg-type]
         self.sessions: weakref.WeakKeyDictionary[Any, FitSession] = weakref.WeakKeyDictionary()
         self.fit_signature = inspect.signature(parts.trainer.fit)  # type: ignore[union-attr]
+        self.register: Optional[Callable[..., Any]] = None  # Lightning's own (unpatched)
 
     def session(self, trainer: Any) -> Optional[FitSession]:
         return self.sessions.get(trainer)
@@ -543,6 +554,9 @@ class Integration:
             )
             return None
         session = FitSession(trainer, self.config, self.parts.strategy_class("Strategy"))
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is not None and self.register is not None:
+            session.register_again = functools.partial(self.register, connector)
         self.sessions[trainer] = session
         trainer.callbacks.append(self.callback_type(session))
         say_once(
@@ -570,7 +584,7 @@ class Integration:
                 session = None
             if session is None:
                 return original(trainer, *args, **kwargs)
-            FLAG.armed = self.config.jit
+            FLAG.armed = self.config.jit and not session.off
             normally = False
             try:
                 result = original(trainer, *args, **kwargs)
@@ -609,7 +623,8 @@ class Integration:
                     self.run_last(session.trainer)
                 except Exception as exc:
                     failed("ordering the callbacks", exc)
-            if session is not None and session.resume_wanted and checkpoint_path is None:
+            wanted = session is not None and session.resume_wanted and not session.off
+            if session is not None and wanted and checkpoint_path is None:
                 session.resume_wanted = False
                 try:
                     checkpoint_path = session.resume_path()
@@ -640,10 +655,17 @@ class Integration:
 
         return on_advance_end
 
+    def serves(self, trainer: Any) -> bool:
+        """Whether the shim follows this trainer's run (it may have stood down)."""
+        session = self.session(trainer)
+        return session is not None and not session.off
+
     def make_register(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        self.register = original
+
         def register_signal_handlers(connector: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(connector, *args, **kwargs)
-            if self.config.jit and self.session(getattr(connector, "trainer", None)) is not None:
+            if self.config.jit and self.serves(getattr(connector, "trainer", None)):
                 try:
                     FLAG.take_back()
                 except Exception as exc:
@@ -654,11 +676,23 @@ class Integration:
 
     def make_broadcast(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _broadcast_sigterm_tensor(loop: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.config.jit and self.session(getattr(loop, "trainer", None)) is not None:
+            if self.config.jit and self.serves(getattr(loop, "trainer", None)):
                 return None
             return original(loop, *args, **kwargs)
 
         return _broadcast_sigterm_tensor
+
+    def make_run_start(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def on_run_start(loop: Any, data_fetcher: Any, *args: Any, **kwargs: Any) -> Any:
+            session = self.session(getattr(loop, "trainer", None))
+            if session is not None and not session.off:
+                try:
+                    renew_if_stale(session.position, data_fetcher)
+                except Exception as exc:
+                    failed("making the resumed epoch's DataLoader iterator again", exc)
+            return original(loop, data_fetcher, *args, **kwargs)
+
+        return on_run_start
 
     def make_process(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _process_dataloader(trainer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -706,6 +740,8 @@ def install(package: ModuleType, config: ShimConfig) -> None:
         _wrap(parts.epoch_loop, "_broadcast_sigterm_tensor", integration.make_broadcast)
     if callable(getattr(parts.epoch_loop, "on_advance_end", None)):
         _wrap(parts.epoch_loop, "on_advance_end", integration.make_advance_end)
+    if callable(getattr(parts.epoch_loop, "on_run_start", None)):
+        _wrap(parts.epoch_loop, "on_run_start", integration.make_run_start)
     if callable(getattr(parts.results, "update_metrics", None)):
         _wrap(parts.results, "update_metrics", lightning_memory.continuing)
     if callable(getattr(parts.fit_loop, "_process_dataloader", None)):

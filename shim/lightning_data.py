@@ -22,13 +22,22 @@ module closes the gap, without loading a skipped batch:
   True)``'s ``worker_init_fn`` included), draws what it drew then, so the
   batches after the resume point get the same augmentation.
 
+A resumed run makes the epoch's iterator inside ``FitLoop.setup_data``, before
+Lightning sets the samplers' epoch (``on_advance_start``); only an iterator
+made at an epoch's start after the first comes after it. An iterator with
+worker processes sends its first indices to the workers as soon as it is
+made, so a ``DistributedSampler`` (which Lightning puts in on more than one
+node) would hand it epoch 0's order: ``stale`` tells, once Lightning set the
+epoch, and the integration makes the iterator again, as Lightning itself does
+at every later epoch's start.
+
 The generators are Python's ``random``, numpy's legacy global one (when numpy
 is loaded), torch's CPU and CUDA ones, and every ``torch.Generator`` the
-DataLoader or its samplers hold. What this cannot reproduce is said once:
-random numbers drawn in persistent workers after their first epoch (their
-generators carry over from epochs the resumed run does not replay), an
-``IterableDataset``, more than one train DataLoader, and a train data source
-that is no ``DataLoader``.
+DataLoader or its samplers hold. What this cannot resume exactly (``problem``,
+``problem_with``): persistent workers (their generators carry over from
+epochs the resumed run does not replay), an ``IterableDataset``, more than
+one train DataLoader, and a train data source that is no ``DataLoader``; the
+integration then serves no checkpoint at all.
 """
 
 from __future__ import annotations
@@ -57,6 +66,20 @@ def _generators(loader: Any) -> List[Any]:
         if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
             found.append(generator)
     return found
+
+
+def _samplers(loader: Any, inner: Any) -> List[Any]:
+    """The distinct samplers of a DataLoader whose (batch) sampler ``inner`` was wrapped."""
+    found: List[Any] = []
+    for sampler in (getattr(loader, "sampler", None), inner, getattr(inner, "sampler", None)):
+        if sampler is not None and all(sampler is not s for s in found):
+            found.append(sampler)
+    return found
+
+
+def _epochs(samplers: List[Any]) -> List[Any]:
+    """The ``epoch`` each sampler is at (``set_epoch``); None for one without."""
+    return [getattr(sampler, "__dict__", {}).get("epoch") for sampler in samplers]
 
 
 def restore(state: Dict[str, Any], generators: List[Any]) -> None:
@@ -141,6 +164,9 @@ class Position:
         # Persistent workers: each epoch resets one iterator, which draws no new worker seed.
         self.persistent = False
         self.workers = False  # batches are read in worker processes: replayed through them
+        self.samplers: List[Any] = []  # the wrapped loader's samplers (their epochs)
+        self.drawn: Optional[List[Any]] = None  # their epochs when the iterator drew its order
+        self.problem: Optional[str] = None  # why the train data cannot be resumed exactly
 
     # -- the train DataLoader ---------------------------------------------------
     def wrap(self, loader: Any) -> Any:
@@ -148,48 +174,57 @@ class Position:
         from torch.utils.data import DataLoader, IterableDataset
 
         if not isinstance(loader, DataLoader):
-            say_once(
-                "data-kind",
-                "the train data is a %s, not a DataLoader: a run resumed mid-epoch restarts "
-                "the epoch's data" % type(loader).__name__,
-            )
+            self.problem = "the train data is a %s, not a DataLoader" % type(loader).__name__
             return loader
         if isinstance(loader.dataset, IterableDataset):
-            say_once(
-                "data-iterable",
-                "the train data is an IterableDataset, which cannot be fast-forwarded without "
-                "reading it: a run resumed mid-epoch restarts the epoch's data",
+            self.problem = (
+                "the train data is an IterableDataset, whose place cannot be found again "
+                "without reading it"
             )
             return loader
         if callable(getattr(loader, "state_dict", None)):
             return loader  # a stateful loader: Lightning saves and restores its position
         self.workers = loader.num_workers > 0
         self.persistent = bool(loader.persistent_workers and self.workers)
-        if self.workers:
-            say_once(
-                "data-workers",
-                "the train DataLoader has worker processes: a resumed run gets the same batches "
-                "and replays the epoch's through the workers, but that random numbers drawn "
-                "inside them are reproduced is not yet shown for every launch (and never with "
-                "persistent workers, whose generators carry over from the epochs before)",
+        if self.persistent:
+            self.problem = (
+                "persistent DataLoader workers (their random states carry over between epochs: "
+                "a resume would have to replay every earlier epoch through them)"
             )
         name = _sampler_name(loader)
         inner = getattr(loader, name)
         if not isinstance(inner, ResumableSampler):
             self.generators = _generators(loader)
+            self.samplers = _samplers(loader, inner)
             # DataLoader refuses to set its samplers after __init__; this is the only way in.
             object.__setattr__(loader, name, ResumableSampler(inner, self))
         return loader
 
     def follows(self, loaders: List[Any]) -> bool:
         """Whether the records can be exact for these data sources (one wrapped DataLoader)."""
-        if len(loaders) > 1:
-            say_once(
-                "data-many",
-                "more than one train DataLoader: a run resumed mid-epoch restarts the epoch's data",
-            )
         return len(loaders) == 1 and isinstance(
             getattr(loaders[0], _sampler_name(loaders[0]), None), ResumableSampler
+        )
+
+    def problem_with(self, loaders: List[Any]) -> Optional[str]:
+        """Why a run over these train data sources cannot be resumed exactly (None: it can)."""
+        if self.problem is not None:
+            return self.problem
+        if len(loaders) > 1:
+            return "more than one train DataLoader"
+        return None
+
+    def stale(self) -> bool:
+        """Whether a resumed run's iterator drew its order before its samplers' epoch was set.
+
+        Asked once Lightning set the epoch, before the epoch's first batch: a
+        multi-worker iterator made earlier sent indices of the samplers' old
+        epoch to its workers, and must be made again.
+        """
+        return (
+            self.pending is not None
+            and self.drawn is not None
+            and _epochs(self.samplers) != self.drawn
         )
 
     # -- moments of an epoch ------------------------------------------------------
@@ -210,6 +245,7 @@ class Position:
         except TypeError:
             self._owner = _nobody
         self._waiting_first = True
+        self.drawn = None
         try:
             pending = self.pending
             if pending is not None and pending.next_epoch and self.persistent:
@@ -225,6 +261,7 @@ class Position:
     def first_indices(self) -> int:
         """The first indices of an iterator are asked for; how many batches to skip."""
         self._waiting_first = False
+        self.drawn = _epochs(self.samplers)
         pending = self.pending
         try:
             if pending is not None and pending.at_first is not None:

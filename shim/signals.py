@@ -50,6 +50,21 @@ class TermFlag:
         if self.installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._handle)
 
+    def leave(self) -> bool:
+        """Stop being the SIGTERM handler: the one there before ours is back (True: done).
+
+        For a run the shim stands down for after it took SIGTERM: the program's
+        own handling applies from now on, as without the shim.
+        """
+        if not self.installed or threading.current_thread() is not threading.main_thread():
+            return False
+        if signal.getsignal(signal.SIGTERM) != self._handle:
+            return False
+        previous = self.previous if self.previous is not None else signal.SIG_DFL
+        signal.signal(signal.SIGTERM, previous)
+        self.installed = False
+        return True
+
     def _handle(self, signum: int, frame: Any) -> None:
         if not self.armed:
             self.deliver_as_before(frame)

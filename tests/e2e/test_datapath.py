@@ -52,6 +52,9 @@ CASES = [
         ["--workers", "0"],
     ),
     Case("hf-mlm-2-workers", "train_mlm_collator.py", 11, "mlm-out/model.safetensors"),
+    # 160 samples / 2 ranks / batch 8: 10 steps an epoch, 3 epochs; stopped in the second
+    # epoch, whose DistributedSampler epoch the resumed iterator must draw its order from.
+    Case("lightning-2-workers", "train_lightning_augment.py", 13, "lightning_augment.pt"),
 ]
 
 

@@ -38,10 +38,8 @@ def stop_at(proc: Proc, step: int) -> None:
 
 
 # A stop where Lightning validates right after the step (the save waits for the
-# validation's end); one at an epoch's last batch with gradient accumulation
-# (two batches per optimizer step) and no validation; and one with persistent
-# DataLoader workers (which read indices ahead as soon as their iterator is made;
-# no noise: random draws inside workers are not reproduced, see the README).
+# validation's end); and one at an epoch's last batch with gradient accumulation
+# (two batches per optimizer step) and no validation.
 # The resumed run saves periodically as the settings say (the newest two kept).
 EVERY_4_STEPS = ({"JITCKPT_SAVE_STEPS": "4", "JITCKPT_SAVE_TOTAL_LIMIT": "2"}, [24, 28])
 EVERY_EPOCH = ({"JITCKPT_SAVE_STRATEGY": "epoch", "JITCKPT_SAVE_TOTAL_LIMIT": "2"}, [24, 30])
@@ -51,11 +49,6 @@ CASES = {
         ["--no-validate", "--accumulate-grad-batches", "2"],
         6,  # 6 optimizer steps an epoch
         EVERY_EPOCH,
-    ),
-    "persistent-workers-epoch-end": (
-        ["--num-workers", "2", "--persistent-workers", "--noise", "0"],
-        12,
-        EVERY_4_STEPS,
     ),
 }
 
@@ -98,6 +91,38 @@ def test_stop_at_epoch_end_exits_143_and_resume_is_bitwise(
     # The periodic saves the environment asked for, the newest two kept here.
     assert checkpoint_steps(shim_env.checkpoints) == kept
     assert_bitwise_equal(tmp_path / "resumed" / "final.ckpt", tmp_path / "reference" / "final.ckpt")
+
+
+@pytest.mark.slow
+def test_train_data_that_cannot_resume_exactly_gets_no_checkpoint_and_lightnings_sigterm(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Persistent workers: their random states carry over from epochs a resume cannot replay.
+
+    Said once before the first step; no JIT or periodic checkpoint; SIGTERM
+    does what Lightning does with it without the shim (the same exit, and the
+    same rest of the program), not a JIT stop and not death by the signal.
+    """
+    args = ["--num-workers", "2", "--persistent-workers", "--max-steps", "200"]
+    runs = {}
+    for name, env in (
+        ("plain", shim_env.without_shim()),
+        ("shim", {**shim_env.env, "JITCKPT_SAVE_STEPS": "2"}),
+    ):
+        run = spawn([PYTHON, SCRIPT, "--output-dir", str(tmp_path / name), *args], env)
+        run.wait_for("rank 0 step 3\n", timeout=120)
+        run.signal(signal.SIGTERM)
+        runs[name] = (run.wait(), run.output())
+    code, output = runs["shim"]
+    assert code == runs["plain"][0], output[-3000:]
+    assert ("fit() returned" in output) == ("fit() returned" in runs["plain"][1])
+    lines = jit_lines(output)
+    stand_down = [line for line in lines if "cannot be resumed exactly" in line]
+    assert len(stand_down) == 1, lines
+    assert "persistent DataLoader workers" in stand_down[0]
+    assert output.index(stand_down[0]) < output.index("rank 0 step 1\n")
+    assert not any("JIT checkpoint" in line or "stopping at step" in line for line in lines)
+    assert checkpoint_steps(shim_env.checkpoints) == []
 
 
 def test_a_jit_save_that_fails_leaves_sigterm_its_default_action(
