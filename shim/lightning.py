@@ -306,6 +306,16 @@ class FitSession:
                 "%s is not a Lightning checkpoint on every rank: starting without it" % directory,
             )
             return None
+        writers = lightning_sharded.ranks_recorded(directory, RANK_FILE)
+        world = int(self.trainer.world_size)
+        if dist.all_reduce_int(1 if writers in (0, world) else 0, maximum=False) == 0:
+            say_once(
+                "resume-other-world",
+                "%s was written by %d processes and this run has %d: each rank's data "
+                "position and random states belong to the old layout, so training starts "
+                "without it" % (directory, writers, world),
+            )
+            return None
         self._load_record(os.path.join(directory, RANK_FILE % self.trainer.global_rank))
         return path
 
@@ -562,6 +572,9 @@ class Integration:
             )
             return None
         session = FitSession(trainer, self.config, self.parts.strategy_class("Strategy"))
+        session.run.marker = lightning_sharded.marker(
+            trainer.strategy, self.parts.strategy_class(lightning_sharded.STRATEGY), CHECKPOINT_FILE
+        )
         self.sessions[trainer] = session
         trainer.callbacks.append(self.callback_type(session))
         say_once(

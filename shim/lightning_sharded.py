@@ -19,6 +19,11 @@ With ``save_distributed_checkpoint=False`` the strategy gathers the whole
 state on rank 0 into one file instead: that is Lightning's single-file
 checkpoint, taken as for DDP.
 
+A distributed checkpoint loads into another number of processes too (DCP
+reshards), but each rank's record (its data position and random states)
+belongs to the layout that wrote it: a checkpoint written by another number
+of processes is not resumed, said once, for every Lightning strategy.
+
 What stays out: the final model this strategy saves is such a directory
 too, spread over the nodes, and ``final/`` is uploaded from global rank 0
 alone, so a sharded final save is not uploaded (said once).
@@ -44,6 +49,15 @@ def is_model_parallel(strategy: Any, strategy_class: Optional[type]) -> bool:
     return strategy_class is not None and isinstance(strategy, strategy_class)
 
 
+def marker(strategy: Any, strategy_class: Optional[type], checkpoint_file: str) -> str:
+    """The file written last into a checkpoint of ``strategy`` (relative to its directory):
+    how a checkpoint left in the local volume is known to be whole."""
+    sharded = getattr(strategy, "_save_distributed_checkpoint", True)
+    if is_model_parallel(strategy, strategy_class) and sharded:
+        return "%s/%s" % (checkpoint_file, SHARDED_MARKER)
+    return checkpoint_file
+
+
 def checkpoint_complete(path: str) -> bool:
     """Whether ``path`` is a Lightning checkpoint written whole: one file, or a sharded
     directory whose last file (``meta.pt``) is there."""
@@ -58,6 +72,16 @@ def final_save_not_uploaded(path: str) -> None:
         "%s is a distributed checkpoint (each node holds its own ranks' shards): final/ is "
         "uploaded from global rank 0 alone, so this final model stays where it was saved" % path,
     )
+
+
+def ranks_recorded(directory: str, pattern: str) -> int:
+    """How many ranks wrote their record (``pattern`` % rank) into ``directory``: the number
+    of processes of the run that wrote it, once the restore brought every node's files."""
+    try:
+        names = set(os.listdir(directory))
+    except OSError:
+        return 0
+    return sum(1 for rank in range(len(names)) if pattern % rank in names)
 
 
 class _FullState:

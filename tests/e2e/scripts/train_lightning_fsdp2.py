@@ -35,29 +35,23 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output-dir", default="lightning-out")
     parser.add_argument("--max-steps", type=int, default=16)
-    # torchrun tells each process the job's layout; a plain `python` run is one node.
-    nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    parser.add_argument("--num-nodes", type=int, default=nodes)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=96)
-    parser.add_argument("--hidden", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=1234)
     return parser.parse_args()
 
 
-class NoisyPoints(Dataset):
-    """Fixed points and labels; each read adds fresh noise (a typical augmentation)."""
+class Points(Dataset):
+    """96 fixed points with labels (from a seed); every read of one adds fresh noise."""
 
-    def __init__(self, samples: int, seed: int) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        self.points = torch.randn(samples, FEATURES, generator=generator)
-        self.labels = torch.randint(CLASSES, (samples,), generator=generator)
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.data = torch.randn(96, FEATURES, generator=generator)
+        self.targets = torch.randint(CLASSES, (96,), generator=generator)
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return 96
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.points[index] + 0.05 * torch.randn(FEATURES), self.labels[index]
+        noise = torch.randn(FEATURES) / 20
+        return self.data[index] + noise, self.targets[index]
 
 
 class Classifier(pl.LightningModule):
@@ -96,13 +90,12 @@ class PrintSteps(pl.Callback):
 
 def main() -> int:
     args = parse_args()
-    pl.seed_everything(args.seed)
-    train = DataLoader(
-        NoisyPoints(args.samples, args.seed), batch_size=args.batch_size, shuffle=True
-    )
+    pl.seed_everything(1234)
+    train = DataLoader(Points(), batch_size=8, shuffle=True)
     trainer = pl.Trainer(
         max_steps=args.max_steps,
-        num_nodes=args.num_nodes,
+        # torchrun tells each process the job's layout: one process per node here.
+        num_nodes=int(os.environ.get("WORLD_SIZE", "1")),
         accelerator="cpu",
         devices=1,
         strategy=ModelParallelStrategy(),
@@ -111,7 +104,7 @@ def main() -> int:
         enable_progress_bar=False,
         log_every_n_steps=5,
     )
-    trainer.fit(Classifier(args.hidden), train)
+    trainer.fit(Classifier(hidden=32), train)
     print(f"fit() returned at step {trainer.global_step}", flush=True)
     trainer.save_checkpoint(os.path.join(args.output_dir, "final.ckpt"))
     return 0
