@@ -3,9 +3,9 @@
 The script (``scripts/train_lightning_fsdp2.py``) shards its model in
 ``configure_model`` with ``fully_shard`` over two nodes (one process each,
 gloo on the CPU), so every rank holds half of each parameter and of AdamW's
-state. One demo: two nodes, SIGTERM to one pod only, at a mid-epoch step
-drawn from a seeded RNG. The JIT checkpoint is the strategy's own
-distributed checkpoint, each node committing its own rank's shards; the
+state. One demo: two nodes, SIGTERM to one pod only, mid-epoch. The JIT
+checkpoint, and the periodic ones (every 4 steps), are the strategy's own
+distributed checkpoints, each node committing its own rank's shards; the
 resumed run ends bitwise equal to the uninterrupted one, in the shim's
 final weights and in what the script itself saves after ``fit()`` (a
 distributed checkpoint too: both runs' shards, optimizer state and
@@ -14,10 +14,8 @@ Lightning's ``meta.pt`` of loops, schedulers and callbacks are compared).
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,8 +25,18 @@ from tests.e2e.test_lightning import demo
 
 SCRIPT = Path(__file__).with_name("scripts") / "train_lightning_fsdp2.py"
 MAX_STEPS = 16
-EPOCH_STEPS = 6  # 96 samples in batches of 8, over 2 ranks
-MID_EPOCH = [s for s in range(3, MAX_STEPS - 2) if s % EPOCH_STEPS]
+EVERY = 4  # periodic saves: one before the stop, the others after the resume
+# Mid-epoch (6 steps an epoch: 96 samples in batches of 8 over 2 ranks), between the
+# periodic saves of steps 4 and 8 (the JIT checkpoint lands at 5 or 6).
+STOP = 5
+
+
+def files_accepted(sidecar_logs: list[str], step: int, kind: str) -> list[int]:
+    """How many files each node's sidecar took for ``checkpoint-<step>``, sorted."""
+    pattern = rf"accepted checkpoint-{step} \({kind}, (\d+) files"
+    return sorted(
+        int(found) for log in sidecar_logs for found in re.findall(pattern, Path(log).read_text())
+    )
 
 
 def merged_final(work: Path, run: str, into: Path) -> Path:
@@ -46,11 +54,11 @@ def merged_final(work: Path, run: str, into: Path) -> Path:
 
 @pytest.mark.slow
 def test_model_parallel_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Path) -> None:
-    step = random.Random(2311).choice(MID_EPOCH)
-    print(f"preempting at step {step}", file=sys.stderr)
+    step = STOP
     summary = demo(
         tmp_path,
         *("--keep", "--nnodes", "2", "--preempt-at-step", str(step), "--preempt-nodes", "one"),
+        *("--set", f"save-steps={EVERY}"),
         "--",
         *("--max-steps", str(MAX_STEPS)),
         script=SCRIPT,
@@ -62,16 +70,13 @@ def test_model_parallel_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Pa
     assert summary["final_exit_codes"] == [0, 0]
     assert summary["final_step"] == MAX_STEPS
     assert summary["equal_to_uninterrupted"] is True
-    # Each node committed its own rank's shards: node 0 its rank file, its shard, the
-    # coordinator's .metadata and meta.pt; node 1 its rank file and its shard.
-    accepted = sorted(
-        int(found)
-        for log in summary["sidecar_logs"]["preempted"]
-        for found in re.findall(
-            rf"accepted checkpoint-{jit} \(jit, (\d+) files", Path(log).read_text()
-        )
-    )
-    assert accepted == [2, 4], accepted
+    # Each node staged its own rank's shards: node 0 its rank file, its shard, the
+    # coordinator's .metadata and meta.pt; node 1 its rank file and its shard. So did the
+    # periodic saves (written synchronously: the strategy saves through its own path).
+    preempted = summary["sidecar_logs"]["preempted"]
+    assert files_accepted(preempted, jit, "jit") == [2, 4]
+    assert files_accepted(preempted, EVERY, "periodic") == [2, 4]
+    assert files_accepted(summary["sidecar_logs"]["resumed"], 2 * EVERY, "periodic") == [2, 4]
     for log in summary["trainer_logs"]["resumed"]:
         text = Path(log).read_text(errors="replace")
         assert f"resuming from /mnt/jitckpt/checkpoints/checkpoint-{jit}" in text
