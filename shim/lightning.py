@@ -48,8 +48,11 @@ and the plateau schedulers, all of which Lightning's resume from a batch-end
 save would skip), except at an epoch's last batch, where the batch end stays
 the save point (Lightning's resume from there starts the next epoch).
 
-A strategy the shim cannot serve (DeepSpeed, sharded FSDP, spawned
-processes) is said once, and that run trains as if the shim were absent.
+``ModelParallelStrategy`` (FSDP2) is served the same way, its checkpoints
+being the sharded directories its own save writes (``lightning_sharded``). A
+strategy the shim cannot serve (DeepSpeed, FSDP1 with sharded state dicts,
+spawned processes) is said once, and that run trains as if the shim were
+absent.
 """
 
 from __future__ import annotations
@@ -63,7 +66,16 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import asyncsave, claim, dist, final, lightning_memory, lightningsaves, watcher
+from . import (
+    asyncsave,
+    claim,
+    dist,
+    final,
+    lightning_memory,
+    lightning_sharded,
+    lightningsaves,
+    watcher,
+)
 from .checkpoints import list_checkpoints
 from .config import ShimConfig
 from .lightning_data import Position
@@ -152,6 +164,10 @@ def unsupported(trainer: Any, parts: Parts) -> Optional[str]:
         if getattr(strategy, "_state_dict_type", "full") != "full":
             return "FSDP with sharded state dicts writes a checkpoint per rank"
         return None
+    if lightning_sharded.is_model_parallel(
+        strategy, parts.strategy_class(lightning_sharded.STRATEGY)
+    ):
+        return None  # its save_checkpoint writes sharded checkpoints Lightning resumes from
     known = [
         parts.strategy_class(name)
         for name in ("SingleDeviceStrategy", "DDPStrategy")
@@ -291,10 +307,21 @@ class FitSession:
             return None
         directory = self.run.checkpoint_path(step)
         path = os.path.join(directory, CHECKPOINT_FILE)
-        if dist.all_reduce_int(1 if os.path.isfile(path) else 0, maximum=False) == 0:
+        whole = lightning_sharded.checkpoint_complete(path)
+        if dist.all_reduce_int(1 if whole else 0, maximum=False) == 0:
             say_once(
                 "resume-not-lightning",
                 "%s is not a Lightning checkpoint on every rank: starting without it" % directory,
+            )
+            return None
+        writers = lightning_sharded.ranks_recorded(directory, RANK_FILE)
+        world = int(self.trainer.world_size)
+        if dist.all_reduce_int(1 if writers in (0, world) else 0, maximum=False) == 0:
+            say_once(
+                "resume-other-world",
+                "%s was written by %d processes and this run has %d: each rank's data "
+                "position and random states belong to the old layout, so training starts "
+                "without it" % (directory, writers, world),
             )
             return None
         self._load_record(os.path.join(directory, RANK_FILE % self.trainer.global_rank))
@@ -475,6 +502,8 @@ class FitSession:
         if os.path.isfile(path):
             step = int(self.trainer.global_step)
             self.run.final_output(os.path.dirname(path), [os.path.basename(path)], step)
+        elif os.path.isdir(path):
+            lightning_sharded.final_save_not_uploaded(path)
 
 
 def _make_callback(base: type) -> type:
@@ -557,6 +586,9 @@ class Integration:
         connector = getattr(trainer, "_signal_connector", None)
         if connector is not None and self.register is not None:
             session.register_again = functools.partial(self.register, connector)
+        session.run.marker = lightning_sharded.marker(
+            trainer.strategy, self.parts.strategy_class(lightning_sharded.STRATEGY), CHECKPOINT_FILE
+        )
         self.sessions[trainer] = session
         trainer.callbacks.append(self.callback_type(session))
         say_once(
@@ -595,7 +627,11 @@ class Integration:
                 except Exception as exc:
                     failed("finishing the checkpoint written in the background", exc)
                 session.run.disarm()
-            session.trained = session.run.ended_normally(getattr(trainer, "lightning_module", None))
+            module = lightning_sharded.final_weights_source(
+                getattr(trainer, "lightning_module", None),
+                self.config.demo_final_weights is not None,
+            )
+            session.trained = session.run.ended_normally(module)
             return result
 
         return fit
