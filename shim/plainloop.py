@@ -44,6 +44,7 @@ from . import (
     loopstate,
     pids,
     rngstate,
+    shardedstate,
     watcher,
 )
 from .checkpoints import newest_checkpoint
@@ -79,6 +80,7 @@ class Resume:
         self.saved = saved
         self.early = False  # modules and optimizers were put back before the loop
         self.done = False  # the resume point was reached
+        self.loaded: Optional[Dict[str, Any]] = None  # a sharded module's state, read with DCP
 
 
 class PlainLoop:
@@ -103,6 +105,8 @@ class PlainLoop:
         self._gave_up = False
         self.pid = os.getpid()  # forked DataLoader workers inherit the hooks, never act on them
         self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
+        self.sharded = False  # the training module is sharded (FSDP2): saved with DCP
+        self._agreed = False  # the ranks agreed on the step a sharded module resumes from
         self.extra: Optional[extrastate.Watch] = None  # the state beyond the training modules
         self._put_back: list = []  # other modules and objects loaded at the resume point
         # Demo only: the modules whose final weights it asked for, kept alive until exit.
@@ -133,16 +137,21 @@ class PlainLoop:
             return
         try:
             self._prepare()
+            everyone = shardedstate.is_fsdp2(module)  # a sharded forward pass is collective
+            if everyone and not self._agreed and self.state != OFF:
+                self._agree_sharded()
             if self.resume is not None and not self.resume.early:
-                self._early_restore()
-            if self.resume is None or self.resume.early:
+                self._early_restore(everyone)
+            if (self.resume is None or self.resume.early) and (
+                self._agreed or not shardedstate.any_fsdp2(loopstate.MODULES.alive())
+            ):
                 self._remove_forward_hook()
         except Exception as exc:
             failed("resuming the plain loop before its first forward pass", exc)
             self._remove_forward_hook()
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.state == OFF or os.getpid() != self.pid:
+        if self.state == OFF or os.getpid() != self.pid or shardedstate.Busy.active:
             return
         try:
             self._step(optimizer)
@@ -195,18 +204,65 @@ class PlainLoop:
         # Registered after the session's own: runs before its ``bye``.
         atexit.register(self._at_exit, os.getpid())
 
-    def _early_restore(self) -> None:
-        """Modules, optimizers (and what exists of schedulers, scalers) before the loop runs."""
+    def _early_restore(self, everyone: bool = False) -> None:
+        """Modules, optimizers (and what exists of schedulers, scalers) before the loop runs.
+
+        ``everyone``: every rank is here too (a sharded module's state is read
+        collectively, so only there, or at the resume point).
+        """
         assert self.resume is not None
         objects = loopstate.Objects()
         if not objects.modules:
             return  # no optimizer yet: try again at the next event
+        sharded = shardedstate.saved_with_dcp(self.resume.saved)
+        if sharded and not (everyone and self._agreed):
+            return
         reason = loopstate.mismatch(self.resume.saved, objects, complete=False)
+        if sharded:
+            reason = self._load_sharded(objects, reason)
         if reason is not None:
             self.cannot_resume(reason)
             return
         self.resume.early = True  # from here on, starting over would start from the wrong state
         loopstate.apply(self.resume.saved, objects, complete=False)
+        if sharded:
+            self._apply_sharded(objects, keep=True)
+
+    # -- a sharded module's state (FSDP2, saved with DCP) ------------------------------
+    def _agree_sharded(self) -> None:
+        """Every rank resumes the same step, or none does (collective: where every rank is)."""
+        self._agreed = True
+        mine = -1 if self.resume is None else self.resume.step
+        low = dist.all_reduce_int(mine, maximum=False)
+        high = dist.all_reduce_int(mine, maximum=True)
+        if low == high:
+            return
+        resume = self.resume
+        late = resume is not None and (resume.early or dataloaders.TRACKER.replayed)
+        if dist.all_reduce_int(1 if late else 0, maximum=True):
+            self._fatal("the ranks restored different checkpoints (steps %d to %d)" % (low, high))
+        self.cannot_resume(
+            "the ranks restored different checkpoints (steps %d to %d)" % (low, high)
+        )
+
+    def _load_sharded(self, objects: loopstate.Objects, reason: Optional[str]) -> Optional[str]:
+        """Read the sharded state unless a rank cannot resume (collective); why not, or None."""
+        assert self.resume is not None and self.run is not None
+        if dist.all_reduce_int(1 if reason else 0, maximum=True):
+            return reason or "another rank cannot resume from it"
+        try:
+            self.resume.loaded = shardedstate.load(
+                self.run.checkpoint_path(self.resume.step), objects.modules[0], objects.optimizers
+            )
+        except Exception as exc:  # the live state is untouched: starting over is still right
+            return "its sharded state cannot be read: %s: %s" % (type(exc).__name__, exc)
+        return None
+
+    def _apply_sharded(self, objects: loopstate.Objects, keep: bool) -> None:
+        assert self.resume is not None and self.resume.loaded is not None
+        shardedstate.apply(self.resume.loaded, objects.modules[0], objects.optimizers, keep)
+        if not keep:
+            self.resume.loaded = None
 
     def cannot_resume(self, reason: str) -> None:
         """The checkpoint does not fit this program: start over, or stop if it is too late."""
@@ -256,11 +312,18 @@ class PlainLoop:
             return
         objects = loopstate.Objects()
         reason = loopstate.mismatch(resume.saved, objects, complete=True)
+        sharded = shardedstate.saved_with_dcp(resume.saved)
+        if sharded and resume.loaded is None:  # no sharded forward pass before: read it here
+            if not self._agreed:
+                self._agree_sharded()
+            reason = self._load_sharded(objects, reason)
         if reason is not None:
             self._fatal(reason)
         self._put_back = loopstate.apply(resume.saved, objects, complete=True)
+        if sharded:
+            self._apply_sharded(objects, keep=False)
         rngstate.restore(resume.saved["rng"])
-        resume.done = True
+        resume.early = resume.done = True
         self.base_step = resume.step
         counts = tuple(len(resume.saved[key]) for key in ("others", "objects", "registered"))
         resume.saved = {}
@@ -319,11 +382,12 @@ class PlainLoop:
                 "an optimizer holds parameters of no module the shim saw being built (a bare "
                 "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
-        elif objects.sharded() is not None:
-            problem = "%s shards its state across ranks (not covered yet)" % objects.sharded()
+        else:
+            problem = shardedstate.problem(objects.modules)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             self._off(problem or "another rank cannot follow it")
             return
+        self.sharded = shardedstate.sharded_class(objects.modules) is not None
         self.extra = extrastate.Watch(objects.modules, objects.all_modules, objects.optimizers)
         self.extra.put_back(self._put_back)
         self._put_back = []
@@ -399,10 +463,14 @@ class PlainLoop:
         ranks = dist.ranks()
         step = self.step
         directory = self.run.checkpoint_path(step)
-        payload = loopstate.collect(objects, step, ranks["rank"], ranks["world_size"])
+        payload = loopstate.collect(
+            objects, step, ranks["rank"], ranks["world_size"], sharded=self.sharded
+        )
         payload["rng"] = rngstate.capture()
         payload["loaders"] = dataloaders.TRACKER.snapshot(position)
         loopstate.write(directory, ranks["rank"], payload)
+        if self.sharded:
+            shardedstate.save(directory, objects.modules[0], objects.optimizers)
         dist.barrier()
         if ranks["local_rank"] == 0:
             loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
