@@ -44,6 +44,7 @@ from . import (
     loopstate,
     pids,
     rngstate,
+    shardedsaves,
     shardedstate,
     watcher,
 )
@@ -51,7 +52,7 @@ from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .exitstatus import STATUS
 from .log import failed, say, say_once
-from .protocol import KIND_JIT
+from .protocol import KIND_JIT, KIND_PERIODIC
 from .signals import FLAG
 from .trainrun import TrainingRun
 
@@ -107,6 +108,8 @@ class PlainLoop:
         self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
         self.sharded = False  # the training module is sharded (FSDP2): saved with DCP
         self._agreed = False  # the ranks agreed on the step a sharded module resumes from
+        self.periodic: Optional[shardedsaves.PeriodicSaves] = None  # save-steps, when sharded
+        self.periodic_pending = False
         self.extra: Optional[extrastate.Watch] = None  # the state beyond the training modules
         self._put_back: list = []  # other modules and objects loaded at the resume point
         # Demo only: the modules whose final weights it asked for, kept alive until exit.
@@ -359,6 +362,9 @@ class PlainLoop:
             self._off(problem or "another rank cannot follow it")
         elif stop:
             self.stop_pending = True
+        elif self.periodic is not None:
+            self.periodic.settle(self._commit_periodic, block=False)
+            self.periodic_pending = self.periodic.due(self.step)
 
     def _start(self, optimizer: Any) -> None:
         """The first optimizer step of this process: follow the loop, or leave it alone."""
@@ -388,6 +394,14 @@ class PlainLoop:
             self._off(problem or "another rank cannot follow it")
             return
         self.sharded = shardedstate.sharded_class(objects.modules) is not None
+        every = self.config.save_steps
+        if self.sharded and every is not None and every >= 1:
+            self.periodic = shardedsaves.PeriodicSaves(int(every))
+            say_once(
+                "plainloop-periodic",
+                "a periodic checkpoint every %d steps: the sharded state is written behind "
+                "training (DCP async_save)" % int(every),
+            )
         self.extra = extrastate.Watch(objects.modules, objects.all_modules, objects.optimizers)
         self.extra.put_back(self._put_back)
         self._put_back = []
@@ -428,6 +442,8 @@ class PlainLoop:
             self.resume_point(position, iterator)
         if self.stop_pending and position.counts and self.state == FOLLOWING:
             self._save(position)
+        elif self.periodic_pending and position.counts and self.state == FOLLOWING:
+            self._save_periodic(position)
 
     def _save(self, position: dataloaders.Position) -> None:
         with self._lock:
@@ -457,26 +473,65 @@ class PlainLoop:
             failed("looking at the state beside the training modules", exc)
             return "the shim's own error while looking at its state"
 
-    def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
-        assert self.run is not None
-        watcher.stop()  # it must not stage our directory as the program's own
+    def _write_rank_file(
+        self, directory: str, position: dataloaders.Position, objects: loopstate.Objects
+    ) -> None:
+        watcher.stop()  # it must not stage our directories as the program's own
         ranks = dist.ranks()
-        step = self.step
-        directory = self.run.checkpoint_path(step)
         payload = loopstate.collect(
-            objects, step, ranks["rank"], ranks["world_size"], sharded=self.sharded
+            objects, self.step, ranks["rank"], ranks["world_size"], sharded=self.sharded
         )
         payload["rng"] = rngstate.capture()
         payload["loaders"] = dataloaders.TRACKER.snapshot(position)
         loopstate.write(directory, ranks["rank"], payload)
-        if self.sharded:
-            shardedstate.save(directory, objects.modules[0], objects.optimizers)
+
+    def _commit(self, directory: str, step: int, kind: str) -> None:
+        """Every rank wrote its files: each node's mark, then staged (collective)."""
+        assert self.run is not None
         dist.barrier()
+        ranks = dist.ranks()
         if ranks["local_rank"] == 0:
             loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
-        self.run.stage(directory, step, KIND_JIT)
+        self.run.stage(directory, step, kind)
+
+    def _commit_periodic(self, directory: str, step: int) -> None:
+        self._commit(directory, step, KIND_PERIODIC)
+
+    def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
+        assert self.run is not None
+        if self.periodic is not None:  # the one in flight is completed first
+            self.periodic.settle(self._commit_periodic, block=True)
+        step = self.step
+        directory = self.run.checkpoint_path(step)
+        self._write_rank_file(directory, position, objects)
+        if self.sharded:
+            shardedstate.save(directory, objects.modules[0], objects.optimizers)
+        self._commit(directory, step, KIND_JIT)
         dataloaders.TRACKER.shutdown_workers()
         self.run.exit_after_jit(step, 0, self.epoch)
+
+    def _save_periodic(self, position: dataloaders.Position) -> None:
+        """A periodic checkpoint of a sharded loop: its shards written behind training."""
+        assert self.run is not None and self.periodic is not None
+        self.periodic_pending = False
+        try:
+            problem = _read_ahead(position.owner() if position.owner is not None else None)
+            objects = loopstate.Objects()
+            problem = problem or self._unsaved_state(objects)
+            if dist.all_reduce_int(1 if problem else 0, maximum=True):
+                say_once(
+                    "periodic-skipped",
+                    "no periodic checkpoint at step %d (%s)"
+                    % (self.step, problem or "another rank cannot save its place or its state"),
+                )
+                return
+            self.periodic.settle(self._commit_periodic, block=True)  # one in flight at most
+            directory = self.run.checkpoint_path(self.step)
+            self._write_rank_file(directory, position, objects)
+            self.periodic.begin(directory, self.step, objects.modules[0], objects.optimizers)
+        except Exception as exc:
+            failed("the periodic checkpoint of the training loop", exc)
+            self._off("its periodic checkpoint failed")
 
     # -- leaving the loop alone -------------------------------------------------------
     def _off(self, reason: Optional[str]) -> None:

@@ -42,3 +42,32 @@ def test_fsdp2_loop_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Path) 
     assert summary["equal_to_uninterrupted"] is True
     assert summary["saved_output"]["equal"] is True, summary["saved_output"]
     assert summary["saved_output"]["files"] == ["lm_final.pt"]
+
+
+def lines(log: str, text: str) -> list[int]:
+    """The numbers of the lines of ``log`` that hold ``text``."""
+    found = Path(log).read_text(errors="replace").splitlines()
+    return [number for number, line in enumerate(found) if text in line]
+
+
+@pytest.mark.slow
+def test_fsdp2_jit_stop_while_a_periodic_save_is_in_flight_resumes_bitwise(
+    tmp_path: Path,
+) -> None:
+    """Periodic saves every 3 steps, written behind training; the stop is agreed at step 7,
+    before the ranks agreed that step 6's shards are written: the JIT save completes and
+    stages checkpoint-6 first, then writes checkpoint-7, which resumes exactly."""
+    summary = demo(
+        tmp_path,
+        *("--nnodes", "2", "--preempt-nodes", "one", "--preempt-at-step", "7"),
+        *("--set", "save-steps=3", "--keep"),  # --keep: the trainers' logs are read below
+    )
+    assert summary["ok"] is True, summary
+    assert summary["jit_checkpoint_step"] == summary["resumed_from_step"] == 7
+    assert summary["equal_to_uninterrupted"] is True
+    assert summary["saved_output"]["equal"] is True, summary["saved_output"]
+    for log in summary["trainer_logs"]["preempted"]:  # each node's: its local rank 0 stages
+        stop = lines(log, "stopping at step 7 for a JIT checkpoint")
+        periodic = lines(log, "periodic checkpoint-6 handed to the sidecar")
+        jit = lines(log, "jit checkpoint-7 handed to the sidecar")
+        assert stop and jit and stop[0] < periodic[0] < jit[0], log
