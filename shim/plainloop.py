@@ -389,7 +389,8 @@ class PlainLoop:
                 "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
         else:
-            problem = shardedstate.problem(objects.modules)
+            accelerate = any(r.alive() for r in extrastate.ACCELERATORS)
+            problem = shardedstate.problem(objects.modules, accelerate)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             self._off(problem or "another rank cannot follow it")
             return

@@ -17,8 +17,9 @@ forward pass of a sharded module (itself collective) or the resume point.
 There the ranks first agree that they resume the same step (``agree``).
 
 Covered: one training module, sharded with FSDP2's ``fully_shard`` (per block
-and at the root, or only at the root), with any number of optimizers over it.
-FSDP1's ``FullyShardedDataParallel`` and DeepSpeed keep being said once and
+and at the root, or only at the root), with any number of optimizers over it,
+in a loop of the program's own. FSDP1's ``FullyShardedDataParallel``,
+DeepSpeed and sharded loops prepared by Accelerate keep being said once and
 left alone.
 """
 
@@ -78,12 +79,14 @@ def sharded_class(modules: List[Any]) -> Optional[str]:
     return None
 
 
-def problem(modules: List[Any]) -> Optional[str]:
+def problem(modules: List[Any], accelerate: bool) -> Optional[str]:
     """Why these training modules' sharded state cannot be saved (None: it can, or is not
-    sharded)."""
+    sharded). ``accelerate``: an Accelerate ``Accelerator`` prepared the loop."""
     name = sharded_class(modules)
     if name is None:
         return None
+    if accelerate:  # its FSDP plugin wraps the optimizer and owns the layout: not this path
+        return "%s shards its state across ranks under Accelerate (not covered yet)" % name
     for module in modules:
         for inner in module.modules():
             if type(inner).__module__.startswith(SHARDED_PACKAGES) and not is_fsdp2(inner):
