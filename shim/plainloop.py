@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import (
     claim,
@@ -453,16 +453,23 @@ class PlainLoop:
             self._saving = True
         self.stop_pending = False
         try:
-            problem = _read_ahead(position.owner() if position.owner is not None else None)
-            objects = loopstate.Objects()
-            problem = problem or self._unsaved_state(objects)
-            if dist.all_reduce_int(1 if problem else 0, maximum=True):
-                self._off(problem or "another rank cannot save its place or its state")
+            objects, problem = self._to_save(position)
+            if problem is not None:
+                self._off(problem)
                 return
             self._write_and_exit(position, objects)
         except Exception as exc:
             failed("the JIT checkpoint of the training loop", exc)
             self._off("its JIT checkpoint failed")
+
+    def _to_save(self, position: dataloaders.Position) -> Tuple[loopstate.Objects, Optional[str]]:
+        """The objects to save, and why some rank cannot save them (collective)."""
+        problem = _read_ahead(position.owner() if position.owner is not None else None)
+        objects = loopstate.Objects()
+        problem = problem or self._unsaved_state(objects)
+        if dist.all_reduce_int(1 if problem else 0, maximum=True):
+            return objects, problem or "another rank cannot save its place or its state"
+        return objects, None
 
     def _unsaved_state(self, objects: loopstate.Objects) -> Optional[str]:
         """Choose the state saved beside the training modules; what of it cannot be saved."""
@@ -516,14 +523,11 @@ class PlainLoop:
         assert self.run is not None and self.periodic is not None
         self.periodic_pending = False
         try:
-            problem = _read_ahead(position.owner() if position.owner is not None else None)
-            objects = loopstate.Objects()
-            problem = problem or self._unsaved_state(objects)
-            if dist.all_reduce_int(1 if problem else 0, maximum=True):
+            objects, problem = self._to_save(position)
+            if problem is not None:
                 say_once(
                     "periodic-skipped",
-                    "no periodic checkpoint at step %d (%s)"
-                    % (self.step, problem or "another rank cannot save its place or its state"),
+                    "no periodic checkpoint at step %d (%s)" % (self.step, problem),
                 )
                 return
             self.periodic.settle(self._commit_periodic, block=True)  # one in flight at most

@@ -10,27 +10,17 @@ and saves at its end, tensor by tensor.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.support import demo_summary
+
 SCRIPT = Path(__file__).with_name("scripts") / "loop_fsdp2.py"
-JITCKPT = Path(sys.executable).with_name("jitckpt")
 
 
 def demo(tmp_path: Path, *options: str) -> dict:
-    command = [str(JITCKPT), "demo", "--script", str(SCRIPT), "--compare", "--json"]
-    command += [*options, "--workdir", str(tmp_path / "demo")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    try:
-        summary = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"no summary: {done.stdout[-2000:]} {done.stderr[-3000:]}")
-    summary["stderr"] = done.stderr[-3000:]
-    return summary
+    return demo_summary(SCRIPT, list(options), tmp_path / "demo", timeout=600)
 
 
 @pytest.mark.slow
