@@ -222,7 +222,7 @@ class PlainLoop:
             return
         reason = loopstate.mismatch(self.resume.saved, objects, complete=False)
         if sharded:
-            reason = self._load_sharded(objects, reason)
+            reason = self._load_sharded(objects, reason, "at the first sharded forward pass")
         if reason is not None:
             self.cannot_resume(reason)
             return
@@ -248,17 +248,21 @@ class PlainLoop:
             "the ranks restored different checkpoints (steps %d to %d)" % (low, high)
         )
 
-    def _load_sharded(self, objects: loopstate.Objects, reason: Optional[str]) -> Optional[str]:
+    def _load_sharded(
+        self, objects: loopstate.Objects, reason: Optional[str], where: str
+    ) -> Optional[str]:
         """Read the sharded state unless a rank cannot resume (collective); why not, or None."""
         assert self.resume is not None and self.run is not None
         if dist.all_reduce_int(1 if reason else 0, maximum=True):
             return reason or "another rank cannot resume from it"
+        directory = self.run.checkpoint_path(self.resume.step)
         try:
             self.resume.loaded = shardedstate.load(
-                self.run.checkpoint_path(self.resume.step), objects.modules[0], objects.optimizers
+                directory, objects.modules[0], objects.optimizers
             )
         except Exception as exc:  # the live state is untouched: starting over is still right
             return "its sharded state cannot be read: %s: %s" % (type(exc).__name__, exc)
+        say("read the sharded model and optimizer state of %s with DCP (%s)" % (directory, where))
         return None
 
     def _apply_sharded(self, objects: loopstate.Objects, keep: bool) -> None:
@@ -319,7 +323,7 @@ class PlainLoop:
         if sharded and resume.loaded is None:  # no sharded forward pass before: read it here
             if not self._agreed:
                 self._agree_sharded()
-            reason = self._load_sharded(objects, reason)
+            reason = self._load_sharded(objects, reason, "at the resume point")
         if reason is not None:
             self._fatal(reason)
         self._put_back = loopstate.apply(resume.saved, objects, complete=True)

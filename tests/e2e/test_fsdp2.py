@@ -25,13 +25,16 @@ def demo(tmp_path: Path, *options: str) -> dict:
 
 @pytest.mark.slow
 def test_fsdp2_loop_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Path) -> None:
-    summary = demo(tmp_path, "--nnodes", "2", "--preempt-nodes", "one", "--preempt-at-step", "7")
+    options = ["--nnodes", "2", "--preempt-nodes", "one", "--preempt-at-step", "7", "--keep"]
+    summary = demo(tmp_path, *options)
     assert summary["ok"] is True, summary
     assert summary["jit_checkpoint_step"] == summary["resumed_from_step"] == 7
     assert summary["final_step"] == 24
     assert summary["equal_to_uninterrupted"] is True
     assert summary["saved_output"]["equal"] is True, summary["saved_output"]
     assert summary["saved_output"]["files"] == ["lm_final.pt"]
+    for log in summary["trainer_logs"]["resumed"]:  # stopped in the first epoch: read there
+        assert "with DCP (at the resume point)" in Path(log).read_text(errors="replace")
 
 
 def lines(log: str, text: str) -> list[int]:

@@ -4,8 +4,9 @@ Run by torchrun (the training operator sets the node layout), gloo on CPU.
 Each transformer block is sharded with ``fully_shard``, then the root; AdamW
 with weight decay, a warm-up ``LambdaLR``; a ``DistributedSampler`` over
 synthetic token sequences (from a fixed seed, so nothing is downloaded);
-gradient clipping; every rank takes part in gathering the full weights that
-rank 0 saves at the end. It knows nothing about jitckpt.
+gradient clipping; an evaluation on held-out sequences after each epoch;
+every rank takes part in gathering the full weights that rank 0 saves at
+the end. It knows nothing about jitckpt.
 """
 
 import argparse
@@ -69,8 +70,9 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     generator = torch.Generator().manual_seed(1000)
-    tokens = torch.randint(args.vocab, (96, args.seq_len + 1), generator=generator)
-    dataset = TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    tokens = torch.randint(args.vocab, (96 + 16, args.seq_len + 1), generator=generator)
+    dataset = TensorDataset(tokens[:96, :-1], tokens[:96, 1:])
+    held_out = (tokens[96:, :-1], tokens[96:, 1:])
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
@@ -96,6 +98,13 @@ def main() -> None:
             optimizer.zero_grad()
             if rank == 0 and batch % 4 == 0:
                 print(f"epoch {epoch} batch {batch} loss {loss.item():.4f}", flush=True)
+        model.eval()
+        with torch.no_grad():
+            logits = model(held_out[0])
+            loss = F.cross_entropy(logits.flatten(0, 1), held_out[1].flatten())
+        if rank == 0:
+            print(f"epoch {epoch} held-out loss {loss.item():.4f}", flush=True)
+        model.train()
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(model, options=options)
