@@ -323,6 +323,8 @@ class PlainLoop:
         if sharded and resume.loaded is None:  # no sharded forward pass before: read it here
             if not self._agreed:
                 self._agree_sharded()
+                if self.resume is not resume:  # the ranks disagreed: training starts over
+                    return
             reason = self._load_sharded(objects, reason, "at the resume point")
         if reason is not None:
             self._fatal(reason)
