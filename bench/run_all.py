@@ -24,6 +24,7 @@ BENCHMARKS = (
     ("admission", "bench.admission"),
     ("transfer", "bench.transfer"),
     ("stall", "bench.stall"),
+    ("fsdp2_save", "bench.fsdp2_save"),
     ("training_wall", "bench.training_wall"),
     ("preemption", "bench.preemption"),
     ("sigterm_to_durable", "bench.sigterm_to_durable"),

@@ -26,7 +26,10 @@ Format 2, inside ``checkpoint-<step>/``:
   rank of the node wrote its file: the mark that the node's part is complete.
 
 Every rank saves its whole state; with DDP that is one copy of the model per
-rank (simple, and any rank restores from its own file alone).
+rank (simple, and any rank restores from its own file alone). A training
+module sharded with FSDP2 is the exception: it and its optimizers are saved
+with DCP into ``loop-state/dcp/`` (``shardedstate``), and the rank files say
+so (``"sharded": "dcp"``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from . import extrastate, programstate
+from . import extrastate, programstate, shardedstate
 from .created import Created, note_copies, note_instances
 
 FORMAT = 2
@@ -47,9 +50,6 @@ MODULES = Created()
 OPTIMIZERS = Created()
 SCHEDULERS = Created()
 SCALERS = Created()
-
-# Module packages whose state is sharded across ranks: a per-rank copy is not a checkpoint.
-_SHARDED = ("torch.distributed.fsdp", "deepspeed", "torch.distributed._composable.fsdp")
 
 
 def install(torch: Any) -> None:
@@ -116,14 +116,6 @@ class Objects:
             for parameter in module.parameters():
                 held.discard(id(parameter))
         return len(held)
-
-    def sharded(self) -> Optional[str]:
-        """The class of a module whose state is sharded across ranks, if there is one."""
-        for module in self.modules:
-            for inner in module.modules():
-                if type(inner).__module__.startswith(_SHARDED):
-                    return type(inner).__name__
-        return None
 
 
 def _held_parameters(optimizers: List[Any]) -> List[Any]:
@@ -213,16 +205,29 @@ def _keyed_entries(found: extrastate.Keyed) -> List[Dict[str, Any]]:
     return [{"class": n, "index": i, "state": _plain(o.state_dict())} for n, i, o in found]
 
 
-def collect(objects: Objects, step: int, rank: int, world_size: int) -> Dict[str, Any]:
-    """This rank's state (random states and loaders are added by the caller)."""
+def collect(
+    objects: Objects, step: int, rank: int, world_size: int, sharded: bool = False
+) -> Dict[str, Any]:
+    """This rank's state (random states and loaders are added by the caller).
+
+    ``sharded``: the training module and its optimizers are saved with DCP
+    (``shardedstate``); their entries hold only what checks that they fit.
+    """
     selection = objects.selection or extrastate.Selection()
+    if sharded:
+        modules = [shardedstate.module_entry(m) for m in objects.modules]
+        optimizers = [shardedstate.optimizer_entry(o) for o in objects.optimizers]
+    else:
+        modules = [{"class": type(m).__name__, "state": m.state_dict()} for m in objects.modules]
+        optimizers = _entries(objects.optimizers)
     return {
         "format": FORMAT,
+        shardedstate.FORMAT_KEY: shardedstate.FORMAT_DCP if sharded else None,
         "step": step,
         "rank": rank,
         "world_size": world_size,
-        "modules": [{"class": type(m).__name__, "state": m.state_dict()} for m in objects.modules],
-        "optimizers": _entries(objects.optimizers),
+        "modules": modules,
+        "optimizers": optimizers,
         "schedulers": _entries(objects.schedulers),
         "scalers": _entries(objects.scalers),
         "others": _keyed_entries(selection.modules),
@@ -326,7 +331,7 @@ def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optiona
                     entry["class"],
                 )
     for index, (entry, module) in enumerate(zip(saved["modules"], objects.modules)):
-        if _state_shapes(entry["state"]) != _shapes(module):
+        if _entry_shapes(entry) != _shapes(module):
             return "training module #%d (%s) has other parameters or shapes" % (
                 index,
                 entry["class"],
@@ -339,6 +344,13 @@ def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optiona
 
 def _state_shapes(state: Dict[str, Any]) -> Dict[str, Any]:
     return {key: tuple(getattr(value, "shape", ())) for key, value in state.items()}
+
+
+def _entry_shapes(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """A saved training module's shapes (a sharded one's entry holds only those)."""
+    if entry["state"] is None:
+        return {key: tuple(shape) for key, shape in entry["shapes"].items()}
+    return _state_shapes(entry["state"])
 
 
 def _missing_counterpart(saved: Dict[str, Any], objects: Objects) -> Optional[str]:
@@ -360,12 +372,14 @@ def apply(saved: Dict[str, Any], objects: Objects, complete: bool) -> List[Any]:
     """Load the saved states into the objects that exist (in the order they were created).
 
     ``complete`` (at the resume point): the other modules, objects and registered
-    ones too. Returns the other modules and objects loaded.
+    ones too. Returns the other modules and objects loaded. A sharded module and
+    its optimizers are not in ``saved``: ``shardedstate`` loads them.
     """
-    for entry, module in zip(saved["modules"], objects.modules):
-        module.load_state_dict(entry["state"])
-    for entry, optimizer in zip(saved["optimizers"], objects.optimizers):
-        optimizer.load_state_dict(entry["state"])
+    if not shardedstate.saved_with_dcp(saved):
+        for entry, module in zip(saved["modules"], objects.modules):
+            module.load_state_dict(entry["state"])
+        for entry, optimizer in zip(saved["optimizers"], objects.optimizers):
+            optimizer.load_state_dict(entry["state"])
     for entry, scheduler in zip(saved["schedulers"], objects.schedulers):
         scheduler.load_state_dict(entry["state"])
     for entry, scaler in zip(saved["scalers"], objects.scalers):

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import (
     claim,
@@ -44,13 +44,15 @@ from . import (
     loopstate,
     pids,
     rngstate,
+    shardedsaves,
+    shardedstate,
     watcher,
 )
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .exitstatus import STATUS
 from .log import failed, say, say_once
-from .protocol import KIND_JIT
+from .protocol import KIND_JIT, KIND_PERIODIC
 from .signals import FLAG
 from .trainrun import TrainingRun
 
@@ -79,6 +81,7 @@ class Resume:
         self.saved = saved
         self.early = False  # modules and optimizers were put back before the loop
         self.done = False  # the resume point was reached
+        self.loaded: Optional[Dict[str, Any]] = None  # a sharded module's state, read with DCP
 
 
 class PlainLoop:
@@ -103,6 +106,10 @@ class PlainLoop:
         self._gave_up = False
         self.pid = os.getpid()  # forked DataLoader workers inherit the hooks, never act on them
         self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
+        self.sharded = False  # the training module is sharded (FSDP2): saved with DCP
+        self._agreed = False  # the ranks agreed on the step a sharded module resumes from
+        self.periodic: Optional[shardedsaves.PeriodicSaves] = None  # save-steps, when sharded
+        self.periodic_pending = False
         self.extra: Optional[extrastate.Watch] = None  # the state beyond the training modules
         self._put_back: list = []  # other modules and objects loaded at the resume point
         # Demo only: the modules whose final weights it asked for, kept alive until exit.
@@ -133,16 +140,21 @@ class PlainLoop:
             return
         try:
             self._prepare()
+            everyone = shardedstate.is_fsdp2(module)  # a sharded forward pass is collective
+            if everyone and not self._agreed and self.state != OFF:
+                self._agree_sharded()
             if self.resume is not None and not self.resume.early:
-                self._early_restore()
-            if self.resume is None or self.resume.early:
+                self._early_restore(everyone)
+            if (self.resume is None or self.resume.early) and (
+                self._agreed or not shardedstate.any_fsdp2(loopstate.MODULES.alive())
+            ):
                 self._remove_forward_hook()
         except Exception as exc:
             failed("resuming the plain loop before its first forward pass", exc)
             self._remove_forward_hook()
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.state == OFF or os.getpid() != self.pid:
+        if self.state == OFF or os.getpid() != self.pid or shardedstate.Busy.active:
             return
         try:
             self._step(optimizer)
@@ -195,18 +207,69 @@ class PlainLoop:
         # Registered after the session's own: runs before its ``bye``.
         atexit.register(self._at_exit, os.getpid())
 
-    def _early_restore(self) -> None:
-        """Modules, optimizers (and what exists of schedulers, scalers) before the loop runs."""
+    def _early_restore(self, everyone: bool = False) -> None:
+        """Modules, optimizers (and what exists of schedulers, scalers) before the loop runs.
+
+        ``everyone``: every rank is here too (a sharded module's state is read
+        collectively, so only there, or at the resume point).
+        """
         assert self.resume is not None
         objects = loopstate.Objects()
         if not objects.modules:
             return  # no optimizer yet: try again at the next event
+        sharded = shardedstate.saved_with_dcp(self.resume.saved)
+        if sharded and not (everyone and self._agreed):
+            return
         reason = loopstate.mismatch(self.resume.saved, objects, complete=False)
+        if sharded:
+            reason = self._load_sharded(objects, reason, "at the first sharded forward pass")
         if reason is not None:
             self.cannot_resume(reason)
             return
         self.resume.early = True  # from here on, starting over would start from the wrong state
         loopstate.apply(self.resume.saved, objects, complete=False)
+        if sharded:
+            self._apply_sharded(objects, keep=True)
+
+    # -- a sharded module's state (FSDP2, saved with DCP) ------------------------------
+    def _agree_sharded(self) -> None:
+        """Every rank resumes the same step, or none does (collective: where every rank is)."""
+        self._agreed = True
+        mine = -1 if self.resume is None else self.resume.step
+        low = dist.all_reduce_int(mine, maximum=False)
+        high = dist.all_reduce_int(mine, maximum=True)
+        if low == high:
+            return
+        resume = self.resume
+        late = resume is not None and (resume.early or dataloaders.TRACKER.replayed)
+        if dist.all_reduce_int(1 if late else 0, maximum=True):
+            self._fatal("the ranks restored different checkpoints (steps %d to %d)" % (low, high))
+        self.cannot_resume(
+            "the ranks restored different checkpoints (steps %d to %d)" % (low, high)
+        )
+
+    def _load_sharded(
+        self, objects: loopstate.Objects, reason: Optional[str], where: str
+    ) -> Optional[str]:
+        """Read the sharded state unless a rank cannot resume (collective); why not, or None."""
+        assert self.resume is not None and self.run is not None
+        if dist.all_reduce_int(1 if reason else 0, maximum=True):
+            return reason or "another rank cannot resume from it"
+        directory = self.run.checkpoint_path(self.resume.step)
+        try:
+            self.resume.loaded = shardedstate.load(
+                directory, objects.modules[0], objects.optimizers
+            )
+        except Exception as exc:  # the live state is untouched: starting over is still right
+            return "its sharded state cannot be read: %s: %s" % (type(exc).__name__, exc)
+        say("read the sharded model and optimizer state of %s with DCP (%s)" % (directory, where))
+        return None
+
+    def _apply_sharded(self, objects: loopstate.Objects, keep: bool) -> None:
+        assert self.resume is not None and self.resume.loaded is not None
+        shardedstate.apply(self.resume.loaded, objects.modules[0], objects.optimizers, keep)
+        if not keep:
+            self.resume.loaded = None
 
     def cannot_resume(self, reason: str) -> None:
         """The checkpoint does not fit this program: start over, or stop if it is too late."""
@@ -256,11 +319,20 @@ class PlainLoop:
             return
         objects = loopstate.Objects()
         reason = loopstate.mismatch(resume.saved, objects, complete=True)
+        sharded = shardedstate.saved_with_dcp(resume.saved)
+        if sharded and resume.loaded is None:  # no sharded forward pass before: read it here
+            if not self._agreed:
+                self._agree_sharded()
+                if self.resume is not resume:  # the ranks disagreed: training starts over
+                    return
+            reason = self._load_sharded(objects, reason, "at the resume point")
         if reason is not None:
             self._fatal(reason)
         self._put_back = loopstate.apply(resume.saved, objects, complete=True)
+        if sharded:
+            self._apply_sharded(objects, keep=False)
         rngstate.restore(resume.saved["rng"])
-        resume.done = True
+        resume.early = resume.done = True
         self.base_step = resume.step
         counts = tuple(len(resume.saved[key]) for key in ("others", "objects", "registered"))
         resume.saved = {}
@@ -296,6 +368,9 @@ class PlainLoop:
             self._off(problem or "another rank cannot follow it")
         elif stop:
             self.stop_pending = True
+        elif self.periodic is not None:
+            self.periodic.settle(self._commit_periodic, block=False)
+            self.periodic_pending = self.periodic.due(self.step)
 
     def _start(self, optimizer: Any) -> None:
         """The first optimizer step of this process: follow the loop, or leave it alone."""
@@ -319,11 +394,21 @@ class PlainLoop:
                 "an optimizer holds parameters of no module the shim saw being built (a bare "
                 "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
-        elif objects.sharded() is not None:
-            problem = "%s shards its state across ranks (not covered yet)" % objects.sharded()
+        else:
+            accelerate = any(r.alive() for r in extrastate.ACCELERATORS)
+            problem = shardedstate.problem(objects.modules, accelerate)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             self._off(problem or "another rank cannot follow it")
             return
+        self.sharded = shardedstate.sharded_class(objects.modules) is not None
+        every = self.config.save_steps
+        if self.sharded and every is not None and every >= 1:
+            self.periodic = shardedsaves.PeriodicSaves(int(every))
+            say_once(
+                "plainloop-periodic",
+                "a periodic checkpoint every %d steps: the sharded state is written behind "
+                "training (DCP async_save)" % int(every),
+            )
         self.extra = extrastate.Watch(objects.modules, objects.all_modules, objects.optimizers)
         self.extra.put_back(self._put_back)
         self._put_back = []
@@ -364,6 +449,8 @@ class PlainLoop:
             self.resume_point(position, iterator)
         if self.stop_pending and position.counts and self.state == FOLLOWING:
             self._save(position)
+        elif self.periodic_pending and position.counts and self.state == FOLLOWING:
+            self._save_periodic(position)
 
     def _save(self, position: dataloaders.Position) -> None:
         with self._lock:
@@ -372,16 +459,23 @@ class PlainLoop:
             self._saving = True
         self.stop_pending = False
         try:
-            problem = _read_ahead(position.owner() if position.owner is not None else None)
-            objects = loopstate.Objects()
-            problem = problem or self._unsaved_state(objects)
-            if dist.all_reduce_int(1 if problem else 0, maximum=True):
-                self._off(problem or "another rank cannot save its place or its state")
+            objects, problem = self._to_save(position)
+            if problem is not None:
+                self._off(problem)
                 return
             self._write_and_exit(position, objects)
         except Exception as exc:
             failed("the JIT checkpoint of the training loop", exc)
             self._off("its JIT checkpoint failed")
+
+    def _to_save(self, position: dataloaders.Position) -> Tuple[loopstate.Objects, Optional[str]]:
+        """The objects to save, and why some rank cannot save them (collective)."""
+        problem = _read_ahead(position.owner() if position.owner is not None else None)
+        objects = loopstate.Objects()
+        problem = problem or self._unsaved_state(objects)
+        if dist.all_reduce_int(1 if problem else 0, maximum=True):
+            return objects, problem or "another rank cannot save its place or its state"
+        return objects, None
 
     def _unsaved_state(self, objects: loopstate.Objects) -> Optional[str]:
         """Choose the state saved beside the training modules; what of it cannot be saved."""
@@ -393,22 +487,62 @@ class PlainLoop:
             failed("looking at the state beside the training modules", exc)
             return "the shim's own error while looking at its state"
 
-    def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
-        assert self.run is not None
-        watcher.stop()  # it must not stage our directory as the program's own
+    def _write_rank_file(
+        self, directory: str, position: dataloaders.Position, objects: loopstate.Objects
+    ) -> None:
+        watcher.stop()  # it must not stage our directories as the program's own
         ranks = dist.ranks()
-        step = self.step
-        directory = self.run.checkpoint_path(step)
-        payload = loopstate.collect(objects, step, ranks["rank"], ranks["world_size"])
+        payload = loopstate.collect(
+            objects, self.step, ranks["rank"], ranks["world_size"], sharded=self.sharded
+        )
         payload["rng"] = rngstate.capture()
         payload["loaders"] = dataloaders.TRACKER.snapshot(position)
         loopstate.write(directory, ranks["rank"], payload)
+
+    def _commit(self, directory: str, step: int, kind: str) -> None:
+        """Every rank wrote its files: each node's mark, then staged (collective)."""
+        assert self.run is not None
         dist.barrier()
+        ranks = dist.ranks()
         if ranks["local_rank"] == 0:
             loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
-        self.run.stage(directory, step, KIND_JIT)
+        self.run.stage(directory, step, kind)
+
+    def _commit_periodic(self, directory: str, step: int) -> None:
+        self._commit(directory, step, KIND_PERIODIC)
+
+    def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
+        assert self.run is not None
+        if self.periodic is not None:  # the one in flight is completed first
+            self.periodic.settle(self._commit_periodic, block=True)
+        step = self.step
+        directory = self.run.checkpoint_path(step)
+        self._write_rank_file(directory, position, objects)
+        if self.sharded:
+            shardedstate.save(directory, objects.modules[0], objects.optimizers)
+        self._commit(directory, step, KIND_JIT)
         dataloaders.TRACKER.shutdown_workers()
         self.run.exit_after_jit(step, 0, self.epoch)
+
+    def _save_periodic(self, position: dataloaders.Position) -> None:
+        """A periodic checkpoint of a sharded loop: its shards written behind training."""
+        assert self.run is not None and self.periodic is not None
+        self.periodic_pending = False
+        try:
+            objects, problem = self._to_save(position)
+            if problem is not None:
+                say_once(
+                    "periodic-skipped",
+                    "no periodic checkpoint at step %d (%s)" % (self.step, problem),
+                )
+                return
+            self.periodic.settle(self._commit_periodic, block=True)  # one in flight at most
+            directory = self.run.checkpoint_path(self.step)
+            self._write_rank_file(directory, position, objects)
+            self.periodic.begin(directory, self.step, objects.modules[0], objects.optimizers)
+        except Exception as exc:
+            failed("the periodic checkpoint of the training loop", exc)
+            self._off("its periodic checkpoint failed")
 
     # -- leaving the loop alone -------------------------------------------------------
     def _off(self, reason: Optional[str]) -> None:

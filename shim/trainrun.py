@@ -103,6 +103,12 @@ def _exit_within(seconds: float) -> None:
     timer.start()
 
 
+def _local(value: Any) -> Any:
+    """This rank's part of a sharded tensor (FSDP2's DTensor); any other value as it is."""
+    to_local = getattr(value, "to_local", None)
+    return to_local() if callable(to_local) else value
+
+
 class TrainingRun:
     """The framework-neutral state of one training run in this process."""
 
@@ -342,7 +348,8 @@ class TrainingRun:
         """Demo only: rank 0 writes ``model``'s state dict where the demo asked.
 
         Called when training ended normally (never after a JIT stop). The
-        tensors are copied to the CPU so the file compares across runs.
+        tensors are copied to the CPU so the file compares across runs; of a
+        sharded module, rank 0's shards (what the script saves is compared too).
         """
         path = self.config.demo_final_weights
         if path is None or model is None or dist.ranks()["rank"] != 0:
@@ -351,7 +358,9 @@ class TrainingRun:
             import torch
 
             inner = getattr(model, "module", model)  # DDP and friends wrap the real module
-            state = {name: value.detach().cpu() for name, value in inner.state_dict().items()}
+            state = {
+                name: _local(value).detach().cpu() for name, value in inner.state_dict().items()
+            }
             temporary = "%s.tmp-%d" % (path, os.getpid())
             torch.save(state, temporary)
             os.replace(temporary, path)

@@ -100,9 +100,10 @@ class CommitWatcher:
 
         async with self.open_store() as store:
             while True:
+                last = self._stop.is_set()  # a scan begun before stop() may miss a late commit
                 await self.scan_once(store, scan)
-                if self._stop.is_set():
-                    return  # one last scan after stop() was asked for, then out
+                if last:
+                    return  # one whole scan after stop() was asked for, then out
                 await asyncio.sleep(self.interval)
 
     async def scan_once(self, store: Store, scan: Any) -> None:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 SCRIPT = Path(__file__).with_name("scripts") / "train_listing.py"
 JITCKPT = Path(sys.executable).with_name("jitckpt")
 LISTING_PREFIX = "start listing: "
@@ -37,3 +39,17 @@ def start_listings(log: Path) -> list[list[str] | None]:
         for line in log.read_text(errors="replace").splitlines()
         if line.startswith(LISTING_PREFIX)
     ]
+
+
+def demo_summary(script: Path, options: list[str], workdir: Path, timeout: int = 900) -> dict:
+    """``jitckpt demo --script S --compare --json`` with ``options``: its summary, the tail
+    of its stderr in ``_stderr``."""
+    command = [str(JITCKPT), "demo", "--script", str(script), "--compare", "--json"]
+    command += ["--workdir", str(workdir), *options]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        summary = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"no summary: {done.stdout[-2000:]} {done.stderr[-4000:]}")
+    summary["_stderr"] = done.stderr[-4000:]
+    return summary

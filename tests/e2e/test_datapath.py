@@ -12,12 +12,12 @@ saved at its end, byte for byte.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.support import demo_summary
 
 SCRIPTS = Path(__file__).with_name("scripts")
 
@@ -59,17 +59,8 @@ CASES = [
 
 
 def run_demo_cli(case: Case, workdir: Path) -> dict:
-    jitckpt = Path(sys.executable).with_name("jitckpt")
-    command = [str(jitckpt), "demo", "--script", str(SCRIPTS / case.script), "--nnodes", "2"]
-    command += ["--preempt-nodes", "one", "--preempt-at-step", str(case.step)]
-    command += ["--compare", "--json", "--keep", "--workdir", str(workdir), "--", *case.args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-    try:
-        summary = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        pytest.fail(f"no summary: {done.stdout[-2000:]} {done.stderr[-4000:]}")
-    summary["_stderr"] = done.stderr[-4000:]
-    return summary
+    options = ["--nnodes", "2", "--preempt-nodes", "one", "--preempt-at-step", str(case.step)]
+    return demo_summary(SCRIPTS / case.script, [*options, "--keep", "--", *case.args], workdir)
 
 
 @pytest.mark.slow

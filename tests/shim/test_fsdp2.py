@@ -1,0 +1,87 @@
+"""A plain FSDP2 loop under the shim, without a sidecar: what its checkpoint holds, a resume
+whose first sharded forward pass comes before the resume point, and a resume on another
+number of processes.
+
+The JIT checkpoint stays in the local dir, where the next process finds it
+(the sidecar, the store and two pods are exercised in tests/e2e/test_fsdp2.py,
+stopped in the first epoch: there the resume point comes first). The data
+position and per-rank random states of one world size are not mapped onto
+another yet, so a checkpoint written by 2 processes is said and not used by 1:
+training starts over and ends normally, as it would without jitckpt.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.shim.support import TORCHRUN, ShimEnv, Spawn, checkpoint_steps
+
+SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_fsdp2.py"
+HOLD = "JITCKPT_DEMO_HOLD_AT_STEP"
+
+
+def torchrun(processes: int, output: Path) -> list[str]:
+    command = [TORCHRUN, "--standalone", "--nproc-per-node", str(processes), str(SCRIPT)]
+    return [*command, "--save-model", str(output)]
+
+
+def cut_at(shim_env: ShimEnv, spawn: Spawn, processes: int, step: int, tmp_path: Path) -> Path:
+    """Run on ``processes`` ranks, stopped by SIGTERM at ``step``: the checkpoint's loop state."""
+    cut = spawn(torchrun(processes, tmp_path / "cut.pt"), {**shim_env.env, HOLD: str(step)})
+    cut.wait_for(f"holding at step {step} ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert checkpoint_steps(shim_env.checkpoints) == [step]
+    return shim_env.checkpoints / f"checkpoint-{step}" / "loop-state"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_ranks_is_said_and_not_used_by_one(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    state = cut_at(shim_env, spawn, 2, 5, tmp_path)
+    names = sorted(p.name for p in state.iterdir())
+    assert names == ["dcp", "node-0.json", "rank-00000.pt", "rank-00001.pt"]
+    assert sorted(p.name for p in (state / "dcp").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert json.loads((state / "node-0.json").read_text())["world_size"] == 2
+
+    alone = spawn(torchrun(1, tmp_path / "alone.pt"), shim_env.env)
+    assert alone.wait(timeout=240) == 0, alone.output()[-3000:]
+    output = alone.output()
+    assert "it was written by 2 processes, this job has 1" in output
+    assert "training starts over" in output and "resumed at step" not in output
+    assert output.count("training done") == 1
+    assert (tmp_path / "alone.pt").exists()
+
+
+@pytest.mark.slow
+def test_resumed_in_the_second_epoch_after_the_first_epochs_evaluation_is_bitwise_equal(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Stopped at step 17 (12 steps an epoch): on resume the first epoch yields no batch,
+    and its evaluation, a sharded forward pass, comes before the resume point, so the
+    shards are read there (and put back once more at the resume point)."""
+    reference = spawn(torchrun(2, tmp_path / "reference.pt"), shim_env.without_shim())
+    assert reference.wait(timeout=240) == 0, reference.output()[-3000:]
+    cut_at(shim_env, spawn, 2, 17, tmp_path)
+    resumed = spawn(torchrun(2, tmp_path / "resumed.pt"), shim_env.env)
+    assert resumed.wait(timeout=240) == 0, resumed.output()[-3000:]
+    output = resumed.output()
+    assert "resumed at step 17: DataLoader #0, pass 1, after batch 5" in output, output[-3000:]
+    assert output.count("training done") == 1
+    assert output.count("with DCP (at the first sharded forward pass)") == 2  # each rank
+    left = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    right = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert left.keys() == right.keys()
+    assert [name for name in left if not torch.equal(left[name], right[name])] == []
+    held_out = [line for line in output.splitlines() if "epoch 1 held-out loss" in line]
+    assert held_out and held_out[0] in reference.output()
