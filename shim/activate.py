@@ -31,7 +31,7 @@ SAVE_PRETRAINED_MODULES = ("transformers.modeling_utils", "transformers.tokeniza
 
 def _on_hf_trainer(config: ShimConfig) -> None:
     def hook(module: ModuleType) -> None:
-        from . import hf
+        from .frameworks.hf import trainer as hf
 
         hf.install(module, config)
 
@@ -40,7 +40,7 @@ def _on_hf_trainer(config: ShimConfig) -> None:
 
 def _on_lightning(config: ShimConfig) -> None:
     def hook(module: ModuleType) -> None:
-        from . import lightning
+        from .frameworks.lightning import trainer as lightning
 
         lightning.install(module, config)
 
@@ -62,17 +62,17 @@ def _on_torch_distributed(config: ShimConfig) -> None:
 
 def _on_torch(config: ShimConfig) -> None:
     def hook(module: ModuleType) -> None:
-        from . import plainloop
+        from .frameworks.plain import loop as plainloop
 
         plainloop.install(module, config)
 
     def accelerate(module: ModuleType) -> None:
-        from . import plainloop
+        from .frameworks.plain import loop as plainloop
 
         plainloop.install_accelerate(module)
 
     def accelerator(module: ModuleType) -> None:
-        from . import plainloop
+        from .frameworks.plain import loop as plainloop
 
         plainloop.install_accelerator(module)
 

@@ -22,7 +22,7 @@ the same seeds. It then catches up with the batches already trained on:
   after the resume point are made as they were. This reads the data again
   (the price is in ``bench/``).
 
-The controller (``plainloop``) puts the rest of the state back at the first
+The controller (``frameworks.plain.loop``) puts the rest of the state back at the first
 batch request of that pass: the *resume point*, the same place in the program
 where the JIT checkpoint was written.
 

@@ -1,6 +1,6 @@
 """What every framework integration shares: one training run's side of the contract.
 
-A framework module (``hf``, and the others beside it) knows where its loop's
+A framework module (``frameworks/hf``, and the others beside it) knows where its loop's
 step boundary is, how the framework saves and how it resumes. Everything
 else is the same for all of them and lives here, so that they cannot drift
 apart:

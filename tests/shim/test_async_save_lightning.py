@@ -264,7 +264,7 @@ def test_configurations_the_snapshot_cannot_serve_keep_the_synchronous_save(
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
     from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
 
-    from shim import lightningsaves
+    from shim.frameworks.lightning import saves as lightningsaves
 
     class MyCheckpointIO(TorchCheckpointIO):
         """A user's CheckpointIO (say, one that writes to an object store)."""

@@ -28,8 +28,8 @@ import sys
 import sysconfig
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ...log import failed
 from .created import Created, note_instances
-from .log import failed
 
 OBJECTS = Created()
 UNORDERED: Set[type] = set()  # the program's stateful classes without an ``__init__`` of their own

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
-from .log import failed, say_once
+from ...log import failed, say_once
 
 # The version of what ``capture`` returns.
 MEMORY_VERSION = 1

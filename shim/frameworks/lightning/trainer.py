@@ -21,22 +21,22 @@ own and gets patches of its own). It patches:
   shim's own agreement does the job, so the broadcast is skipped (the run
   keeps one collective per step for SIGTERM, not two);
 - the fit loop's ``_process_dataloader``: the train DataLoader becomes
-  resumable mid-epoch (``lightning_data``);
+  resumable mid-epoch (``data``);
 - the training epoch loop's ``on_advance_end``: the end of a step, where a save
   of a step without validation is written (below);
 - the result collection's ``update_metrics``: a run resumed mid-epoch continues
-  the epoch's logged aggregates (``lightning_memory``).
+  the epoch's logged aggregates (``memory``).
 
 ``JitCallback`` agrees on the stop after each optimizer step (a batch end
 where ``global_step`` moved), saves through ``Trainer.save_checkpoint`` plus
 one small file per rank (random number generators, the epoch's data
 position, and what the trainer holds in memory that Lightning's checkpoint
-leaves out: its metrics and the rest ``lightning_memory`` lists), stages the
+leaves out: its metrics and the rest ``memory`` lists), stages the
 directory, and exits 143 after a JIT save. It runs after every other
 callback (it is moved last once Lightning has ordered them), so what they do
 at a step is in the checkpoint. Periodic
 saves are written behind the training loop where the configuration allows it
-(``lightningsaves``, ``asyncsave``) and staged at a later step end, once every
+(``saves``, ``asyncsave``) and staged at a later step end, once every
 rank's writer is done; a JIT save is synchronous and supersedes a periodic
 one still being written. When
 Lightning validates right after that batch, the save waits for the
@@ -49,7 +49,7 @@ save would skip), except at an epoch's last batch, where the batch end stays
 the save point (Lightning's resume from there starts the next epoch).
 
 ``ModelParallelStrategy`` (FSDP2) is served the same way, its checkpoints
-being the sharded directories its own save writes (``lightning_sharded``). A
+being the sharded directories its own save writes (``sharded``). A
 strategy the shim cannot serve (DeepSpeed, FSDP1 with sharded state dicts,
 spawned processes) is said once, and that run trains as if the shim were
 absent.
@@ -66,24 +66,18 @@ import weakref
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import (
-    asyncsave,
-    claim,
-    dist,
-    final,
-    lightning_memory,
-    lightning_sharded,
-    lightningsaves,
-    watcher,
-)
-from .checkpoints import list_checkpoints
-from .config import ShimConfig
-from .lightning_data import Position
-from .lightning_exact import renew_if_stale, stand_down
-from .log import failed, say, say_once
-from .protocol import KIND_JIT, KIND_PERIODIC
-from .signals import FLAG
-from .trainrun import TrainingRun
+from ... import asyncsave, claim, dist, final, watcher
+from ...checkpoints import list_checkpoints
+from ...config import ShimConfig
+from ...log import failed, say, say_once
+from ...protocol import KIND_JIT, KIND_PERIODIC
+from ...signals import FLAG
+from ...trainrun import TrainingRun
+from . import memory as lightning_memory
+from . import saves as lightningsaves
+from . import sharded as lightning_sharded
+from .data import Position
+from .exact import renew_if_stale, stand_down
 
 FRAMEWORK = "lightning"
 # What Trainer.save_checkpoint writes into checkpoint-<step>/ (last, after the rank files).
@@ -517,7 +511,7 @@ def _make_callback(base: type) -> type:
 
         def _guard(self, what: str, action: Callable[[], None]) -> None:
             if self._session.off:
-                return  # the shim stood down for this run (``lightning_exact``)
+                return  # the shim stood down for this run (``exact``)
             try:
                 action()
             except Exception as exc:

@@ -26,8 +26,8 @@ import os
 import weakref
 from typing import Any, Callable, Dict, Optional
 
-from . import dataloaders, dist, rngstate
-from .log import failed, say, say_once
+from ... import dataloaders, dist, rngstate
+from ...log import failed, say, say_once
 
 RECORD_NAME = "jitckpt_data_%d.pth"
 RECORD_VERSION = 1

@@ -22,7 +22,7 @@ The save itself is HF's own ``_save_checkpoint``, asked for through
 ``control.should_save``; transformers' ``enable_jit_checkpoint`` is not used
 (it saves without rank agreement and lets ``train()`` return). Periodic saves
 are written behind the training loop where the configuration allows it
-(``hfsaves``, ``asyncsave``): ``_save_checkpoint`` is wrapped so its writes are
+(``saves``, ``asyncsave``): ``_save_checkpoint`` is wrapped so its writes are
 snapshotted and made in the background, and the checkpoint is staged once
 every rank has written it; a JIT save is synchronous, supersedes a
 periodic one still being written, and hands each file to the sidecar as soon
@@ -40,13 +40,15 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import asyncsave, claim, dist, final, hfdata, hfsaves, watcher
-from .config import ShimConfig
-from .layout import CHECKPOINT_PREFIX, step_of
-from .log import failed, say_once
-from .protocol import KIND_JIT, KIND_PERIODIC
-from .signals import FLAG
-from .trainrun import TrainingRun
+from ... import asyncsave, claim, dist, final, watcher
+from ...config import ShimConfig
+from ...layout import CHECKPOINT_PREFIX, step_of
+from ...log import failed, say_once
+from ...protocol import KIND_JIT, KIND_PERIODIC
+from ...signals import FLAG
+from ...trainrun import TrainingRun
+from . import data as hfdata
+from . import saves as hfsaves
 
 # What this integration cannot do without; anything else is optional.
 REQUIRED_TRAINER = ("__init__", "train", "add_callback")

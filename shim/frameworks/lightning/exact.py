@@ -16,7 +16,7 @@ Two moments of ``fit`` decide it:
   after Lightning set the samplers' epoch): a resumed run's iterator was made
   in ``setup_data``, before that, and with worker processes it already sent
   the old epoch's indices to them; it is made again, as Lightning makes one at
-  every later epoch's start (``lightning_data``, ``Position.stale``).
+  every later epoch's start (``data``, ``Position.stale``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import os
 import signal
 from typing import Any, Callable
 
-from .lightning_data import Position
-from .log import say, say_once
-from .signals import FLAG
+from ...log import say, say_once
+from ...signals import FLAG
+from .data import Position
 
 
 def renew_if_stale(position: Position, data_fetcher: Any) -> None:

@@ -7,7 +7,7 @@ optimizers' are saved with ``torch.distributed.checkpoint`` instead, from
 ``get_state_dict`` (keyed by parameter name, each rank writing its own shards,
 ``.metadata`` written once), into ``checkpoint-<step>/loop-state/dcp/``; the
 rest of the loop's state (schedulers, random states, data position) stays in
-each rank's ``loop-state/rank-<R>.pt`` (``loopstate``), whose entries for the
+each rank's ``loop-state/rank-<R>.pt`` (``state``), whose entries for the
 sharded module and its optimizers hold only what checks that the checkpoint
 fits (the parameters' full shapes, the optimizers' parameter groups).
 

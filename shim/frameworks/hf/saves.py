@@ -18,8 +18,8 @@ from __future__ import annotations
 import sys
 from typing import Any, List, Optional, Set
 
-from . import asyncsave
-from .log import say_once
+from ... import asyncsave
+from ...log import say_once
 
 FRAMEWORK = "transformers"
 

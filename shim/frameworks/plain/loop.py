@@ -35,26 +35,16 @@ import time
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
-from . import (
-    claim,
-    dataloaders,
-    dist,
-    extrastate,
-    finalsaves,
-    loopstate,
-    pids,
-    rngstate,
-    shardedsaves,
-    shardedstate,
-    watcher,
-)
-from .checkpoints import newest_checkpoint
-from .config import ShimConfig
-from .exitstatus import STATUS
-from .log import failed, say, say_once
-from .protocol import KIND_JIT, KIND_PERIODIC
-from .signals import FLAG
-from .trainrun import TrainingRun
+from ... import claim, dataloaders, dist, finalsaves, pids, rngstate, watcher
+from ...checkpoints import newest_checkpoint
+from ...config import ShimConfig
+from ...exitstatus import STATUS
+from ...log import failed, say, say_once
+from ...protocol import KIND_JIT, KIND_PERIODIC
+from ...signals import FLAG
+from ...trainrun import TrainingRun
+from . import extrastate, shardedsaves, shardedstate
+from . import state as loopstate
 
 FRAMEWORK = "torch"
 WAITING, FOLLOWING, OFF = "waiting", "following", "off"

@@ -34,8 +34,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from . import dist
-from .log import failed, say_once
+from ... import dist
+from ...log import failed, say_once
 
 # The strategy class, by the name both Lightning packages give it.
 STRATEGY = "ModelParallelStrategy"

@@ -27,8 +27,8 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, Optional, Set
 
-from . import asyncsave
-from .log import say_once
+from ... import asyncsave
+from ...log import say_once
 
 FRAMEWORK = "lightning"
 # The function of Lightning's TorchCheckpointIO module that writes a checkpoint file.

@@ -2,7 +2,7 @@
 
 With ``save-steps: N`` such a loop gets a checkpoint every N optimizer
 steps, at the same save point as a JIT one (the loop's next batch request)
-and in the same format (``shardedstate``, ``loopstate``). The small rank
+and in the same format (``shardedstate``, ``state``). The small rank
 file is written at once; the module's and optimizers' shards go through
 DCP's ``async_save``: their state is copied to host memory there (the only
 part of the save the loop waits for) and written by a thread behind
@@ -25,8 +25,9 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from . import dist, shardedstate
-from .log import failed, say
+from ... import dist
+from ...log import failed, say
+from . import shardedstate
 
 # Values of the written agreement (all-reduce MIN over ranks).
 _WRITING, _FAILED, _WRITTEN = 0, 1, 2

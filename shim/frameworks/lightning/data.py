@@ -47,8 +47,8 @@ import sys
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from . import dataloaders, rngstate
-from .log import failed, say, say_once
+from ... import dataloaders, rngstate
+from ...log import failed, say, say_once
 
 # The version of what ``Position.record`` returns (a rank's file in the checkpoint).
 RECORD_VERSION = 2
