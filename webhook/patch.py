@@ -10,9 +10,9 @@ into a value that *is* the same object on both sides (on an admission, most
 of the pod). What differs goes to jsonpatch's public ``JsonPatch.from_diff``
 one subtree at a time, its paths prefixed with the subtree's: the members of
 an object that only one side has, and the part of an array after the items
-both share. The operations are ``jsonpatch.make_patch``'s, except that a value
-it would ``move`` is removed and added instead (the same result; an injection
-moves nothing). tests/webhook/test_patch.py holds it to make_patch.
+both share. The operations are ``jsonpatch.make_patch``'s with its move detection off:
+a value it would ``move`` is removed and added instead (the same result; an
+injection moves nothing). tests/webhook/test_patch.py holds it to that.
 
 Where one side of such a subtree is empty (what an injection mostly is: members
 and array items added), the ``add`` operations jsonpatch would make are written
@@ -116,7 +116,7 @@ def _diff_lists(path: tuple[str, ...], src: list[Any], dst: list[Any], out: Patc
 def diff(before: dict[str, Any], after: dict[str, Any]) -> Patch:
     """The operations that turn ``before`` into ``after``; [] when they are equal.
 
-    Those of ``jsonpatch.make_patch(before, after)`` where it moves nothing
+    Those of ``jsonpatch.make_patch(before, after)`` with its move detection off
     (see the module's docstring), copied: changing either document afterwards
     leaves the patch alone.
     """
