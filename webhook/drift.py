@@ -30,7 +30,7 @@ from webhook import identity, jobs
 from webhook import patch as patches
 from webhook.config import WebhookConfig
 from webhook.injection import CONFIG_FIELDS, build
-from webhook.mutate import NamespaceInfo, mutate
+from webhook.mutate import MutationResult, NamespaceInfo, mutate
 from webhook.settings import PREFIX, SOURCE_NAMESPACE, parse_quantity
 from webhook.status import (
     OUR_VOLUMES,
@@ -219,8 +219,9 @@ def _recorded_drift(
     status: InjectionStatus,
     namespace: NamespaceInfo,
     config: WebhookConfig,
-) -> list[tuple[str, str]]:
-    """``edited`` and ``config`` drift of ``pod`` (``original`` once stripped), with notes."""
+) -> tuple[list[tuple[str, str]], MutationResult]:
+    """``edited`` and ``config`` drift of ``pod`` (``original`` once stripped), with notes,
+    and the injection the current configuration makes of ``original``."""
     settings_used = {k: v for k, v in status.config.items() if k not in CONFIG_FIELDS}
     expected = build(
         original,
@@ -238,7 +239,7 @@ def _recorded_drift(
         )
     elif patches.spec_digest(original, current.pod) != status.patchSha256:
         found.append(("config", "the current configuration would inject it differently"))
-    return found
+    return found, current
 
 
 def _identity_added_later(
@@ -254,13 +255,10 @@ def _identity_added_later(
     trainer = jobs.detect(original)
     if not isinstance(trainer, jobs.TrainerPod):
         return None
-    return (
-        None
-        if _recorded_drift(
-            earlier, original, trainer=trainer, status=status, namespace=namespace, config=config
-        )
-        else kind
+    found, _ = _recorded_drift(
+        earlier, original, trainer=trainer, status=status, namespace=namespace, config=config
     )
+    return None if found else kind
 
 
 def audit_pod(
@@ -306,7 +304,7 @@ def audit_pod(
     if namespace is None:
         namespace = _assumed_namespace(ns_name, status)
         row.notes.append(f"namespace {ns_name} not in the input: its recorded settings assumed")
-    found = _recorded_drift(
+    found, current = _recorded_drift(
         pod, original, trainer=trainer, status=status, namespace=namespace, config=config
     )
     if found:
@@ -320,7 +318,6 @@ def audit_pod(
         if kind not in row.drift:
             row.drift.append(kind)
         row.notes.append(note)
-    current = mutate(original, namespace, config, require_opt_in=False)
     if current.injected:
         unlike = sidecar_drift(current.pod, pod)
         if unlike:

@@ -85,10 +85,6 @@ def find(container: Mapping[str, Any]) -> WorkloadIdentity | None:
     return None
 
 
-def _names(kind: str) -> set[str]:
-    return {*KINDS[kind], TOKEN_FILES[kind], *COMPANIONS, "AWS_DEFAULT_REGION"}
-
-
 def undo_later(pod: Mapping[str, Any], ours: set[str]) -> tuple[dict[str, Any], str] | None:
     """``pod`` as it was before an identity webhook that ran after this one, and its kind;
     None when nothing says one did.
@@ -111,7 +107,7 @@ def undo_later(pod: Mapping[str, Any], ours: set[str]) -> tuple[dict[str, Any], 
     if not found or len(found) < len(sidecars) or any(f.kind != found[0].kind for f in found):
         return None
     first = found[0]
-    env = {e["name"]: e for e in first.env if e.get("name") in _names(first.kind)}
+    env = {e["name"]: e for e in first.env}  # only the identity's names (``find``)
     mount = first.mounts[0] if first.mounts else None
     out = copy.deepcopy(dict(pod))
     for key in ("initContainers", "containers"):
