@@ -31,14 +31,17 @@ from webhook.mutate import NamespaceInfo, mutate
 from webhook.status import VOL_LOCAL, VOL_RUN
 
 SECRET = "ckpt-s3"
+TRAINER_READY = "trainer: SIGTERM handler in place"
 
 
 def injected_pod(bucket: str) -> dict[str, Any]:
     pod = load_yaml(FIXTURES / "pytorchjob-master.yaml")
     (trainer,) = pod["spec"]["containers"]
-    # PID 1 of its container: it stops on SIGTERM only with a handler, as a trainer does.
+    # PID 1 of its container: the kernel drops SIGTERM for it until it has a
+    # handler, so it says when the handler is in place, and stops on SIGTERM as a trainer does.
     stop = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))"
-    trainer["command"] = ["python", "-c", stop + "; time.sleep(600)"]
+    ready = f"print({TRAINER_READY!r}, flush=True)"
+    trainer["command"] = ["python", "-c", f"{stop}; {ready}; time.sleep(600)"]
     trainer.pop("args", None)
     namespace = NamespaceInfo(
         "team-a",
@@ -108,6 +111,8 @@ def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> N
             assert not store.accepts(first) and store.accepts(second)
             upload(20)
             client.close()
+            trainer_log = pod.container("pytorch").log_path
+            wait(lambda: TRAINER_READY in trainer_log.read_text(), 120, "the trainer's handler")
         finally:
             pod.terminate()
             result = pod.wait(60)
