@@ -50,8 +50,10 @@ PYTHONPATH = "PYTHONPATH"
 # volume is mounted into the sidecar alone, so no other container sees the files.
 SECRET_FILE_MODE = 0o444
 # The startupProbe gates the trainer until the restore is done; a large
-# checkpoint may take hours to download, so allow 12 hours.
-PROBE_PERIOD = 2
+# checkpoint may take hours to download, so allow 12 hours. The kubelet only
+# polls it: the trainer starts on average half a period after the restore, so
+# the period is the API's least (1 s), one local HTTP GET a second while restoring.
+PROBE_PERIOD = 1
 PROBE_FAILURES = 12 * 3600 // PROBE_PERIOD
 # /bin/sh only (no cat, no pkill): the trainer image may be minimal.
 PRESTOP_SCRIPT = (
