@@ -4,10 +4,10 @@ number of processes.
 
 The JIT checkpoint stays in the local dir, where the next process finds it
 (the sidecar, the store and two pods are exercised in tests/e2e/test_fsdp2.py,
-stopped in the first epoch: there the resume point comes first). The data
-position and per-rank random states of one world size are not mapped onto
-another yet, so a checkpoint written by 2 processes is said and not used by 1:
-training starts over and ends normally, as it would without jitckpt.
+stopped in the first epoch: there the resume point comes first). A checkpoint
+written by 2 processes is resumed by 1: the shards are read resharded and the
+data position mapped onto the one process (``reshard``; the samples themselves
+are checked in tests/e2e/test_fsdp2_reshard.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def cut_at(shim_env: ShimEnv, spawn: Spawn, processes: int, step: int, tmp_path:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_two_ranks_is_said_and_not_used_by_one(
+def test_a_checkpoint_of_two_ranks_is_resumed_resharded_by_one(
     shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
     state = cut_at(shim_env, spawn, 2, 5, tmp_path)
@@ -57,8 +57,10 @@ def test_a_checkpoint_of_two_ranks_is_said_and_not_used_by_one(
     alone = spawn(torchrun(1, tmp_path / "alone.pt"), shim_env.env)
     assert alone.wait(timeout=240) == 0, alone.output()[-3000:]
     output = alone.output()
-    assert "it was written by 2 processes, this job has 1" in output
-    assert "training starts over" in output and "resumed at step" not in output
+    assert "checkpoint-5 was written by 2 processes, this job has 1: the sharded" in output
+    assert "from position 40 of its order (the 2 old processes took positions 0 to 39)" in output
+    assert "resumed at step 5: DataLoader #0, pass 0, after 40 sample(s) and batch 0" in output
+    assert "training starts over" not in output
     assert output.count("training done") == 1
     assert (tmp_path / "alone.pt").exists()
 
