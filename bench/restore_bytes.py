@@ -65,22 +65,22 @@ def demo(old: int, new: int, model: list[str], workdir: Path) -> dict:
 
 def run(options: BenchOptions) -> list[Case]:
     model = ["--epochs", "1"] + ([] if options.quick else ["--dim", "128", "--layers", "4"])
-    series: dict[str, list[float]] = {WHOLE: [], OWN: []}
+    by_writer: dict[int, dict[str, list[float]]] = {}
     for old, new in LAYOUTS:
         workdir = Path(tempfile.mkdtemp(prefix="jitckpt-bench-restore-"))
         try:
             summary = demo(old, new, model, workdir)
             committed = _found(COMMITTED, summary["sidecar_logs"]["preempted"])
-            series[subject(old, new)] = _found(RESTORED, summary["sidecar_logs"]["resumed"])
+            restored = _found(RESTORED, summary["sidecar_logs"]["resumed"])
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        if old == 2 and new == 2:
-            series[WHOLE], series[OWN] = [sum(committed)], committed
-    size = series[WHOLE][0]
+        series = by_writer.setdefault(old, {WHOLE: [sum(committed)], OWN: committed})
+        series[subject(old, new)] = restored
     return [
         Case(
             benchmark=NAME,
-            case=f"FSDP2 loop, {size:.1f} MB checkpoint, 1 process per node",
+            case=f"FSDP2 loop, checkpoint of {old} node(s) ({series[WHOLE][0]:.1f} MB), "
+            "1 process per node",
             metric="bytes downloaded per node at restore",
             unit="MB",
             lower_is_better=True,
@@ -90,6 +90,7 @@ def run(options: BenchOptions) -> list[Case]:
             "layout or resharded; a node's own files are what a same-layout restore of one "
             "node could be cut to",
         )
+        for old, series in by_writer.items()
     ]
 
 
