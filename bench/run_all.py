@@ -25,6 +25,7 @@ BENCHMARKS = (
     ("transfer", "bench.transfer"),
     ("stall", "bench.stall"),
     ("fsdp2_save", "bench.fsdp2_save"),
+    ("restore_bytes", "bench.restore_bytes"),
     ("training_wall", "bench.training_wall"),
     ("preemption", "bench.preemption"),
     ("sigterm_to_durable", "bench.sigterm_to_durable"),

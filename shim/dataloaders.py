@@ -89,6 +89,7 @@ class Position:
         "inner",
         "iteration",
         "lookahead",
+        "offset",
         "owner",
         "resume_here",
         "settle",
@@ -108,6 +109,9 @@ class Position:
         self.track = track
         self.iteration = iteration
         self.yielded = yielded  # batches the loop took from this pass (a resumed pass included)
+        # Samples per rank skipped at the pass's start before those batches: a pass resumed
+        # on another number of processes starts between the old batches (``reshard``).
+        self.offset = 0
         self.exhausted = False
         self.start = start  # random states at the pass's start
         self.counts = counts  # False: the base pass inside an Accelerate shard
@@ -137,6 +141,17 @@ class LoaderPlan:
         self.signature: Dict[str, Any] = saved["signature"]
         self.epochs: Dict[int, List[int]] = dict(saved.get("epochs") or {})
         self.lookahead: Optional[Dict[str, Any]] = saved.get("lookahead")
+        self.offset = int(saved.get("offset") or 0)
+        # Written by another number of processes and mapped onto this one: the loader's
+        # length differs, its DistributedSampler must be ``sampler`` (``reshard``).
+        self.resharded = bool(saved.get("resharded"))
+        self.sampler: Optional[Dict[str, Any]] = saved.get("sampler")
+
+    def samples(self) -> Optional[int]:
+        """Samples per rank to skip at the pass's start (None: whole batches are skipped)."""
+        if not self.offset and not self.resharded:
+            return None
+        return self.offset + self.yielded * int(self.signature["batch_size"])
 
     def trained(self, iteration: int) -> bool:
         return any(first <= iteration <= last for first, last in self.training)
@@ -157,6 +172,7 @@ class LoaderTrack:
         self.outer = False  # an Accelerate shard counts this loader's batches
         self.nested: Optional[CatchUp] = None  # for the shard's next base pass
         self.pending_skip: Optional[int] = None  # read by ``_index_sampler`` while a pass is built
+        self.pending_samples: Optional[int] = None  # the same, in samples of its sampler
         self.short_passes = 0  # training passes left after one batch, in a row
         self.loader: Optional["weakref.ref[Any]"] = None  # the DataLoader (held weakly)
         self.armed: Optional[tuple] = None  # (start, CatchUp) for its next pass (a framework's)
@@ -189,10 +205,15 @@ class CatchUp:
         resume: bool,
         lookahead: Optional[Dict[str, Any]] = None,
         settle: Optional[Callable[[], None]] = None,
+        *,
+        samples: Optional[int] = None,
     ) -> None:
         # Worker processes draw random numbers the checkpoint cannot hold: replay through them.
-        self.skip: Optional[int] = None if workers else yielded
-        self.drain = yielded if workers else 0
+        # Skipped samples (a pass resumed on another number of processes) are never read: the
+        # workers' random streams of the old processes cannot be had again anyway.
+        self.samples = samples
+        self.skip: Optional[int] = None if workers or samples is not None else yielded
+        self.drain = yielded if workers and samples is None else 0
         self.resume = resume  # the pass's next batch request is the resume point
         self.lookahead = lookahead
         self.settle = settle
@@ -330,7 +351,13 @@ class Tracker:
                 self._attach(track, found)
 
     def _attach(self, track: LoaderTrack, plan: LoaderPlan) -> None:
-        if plan.signature != track.signature:
+        if plan.resharded:
+            loader = track.loader() if track.loader is not None else None
+            mapped = _resharded_problem(plan, track, loader)
+            if mapped is not None:
+                self.listener.plan_refused("DataLoader #%d %s" % (track.index, mapped))
+                return
+        elif plan.signature != track.signature:
             self.listener.plan_refused(
                 "DataLoader #%d is not the one the checkpoint knows (%s, now %s)"
                 % (track.index, plan.signature, track.signature)
@@ -381,7 +408,13 @@ class Tracker:
         catch_up: Optional[CatchUp] = None
         if replay is not None:
             self.replayed = True
-            catch_up = CatchUp(replay.yielded, _workers(loader), replay.trigger, replay.lookahead)
+            catch_up = CatchUp(
+                replay.yielded,
+                _workers(loader),
+                replay.trigger,
+                replay.lookahead,
+                samples=replay.samples(),
+            )
         start = replay.start if replay is not None else None
         return self.open(track, loader, make, shard, start=start, catch_up=catch_up)
 
@@ -404,6 +437,7 @@ class Tracker:
             position = Position(track, track.iterations - 1, 0, _capture(roots, shard))
         if catch_up is not None:
             position.yielded = catch_up.drain or catch_up.skip or 0
+            position.offset = catch_up.samples or 0
         position.epochs = _sampler_epochs(loader) if shard is None else []
         track.current = position
         if shard is not None:
@@ -413,7 +447,7 @@ class Tracker:
             return generator
         if catch_up is not None:
             catch_up.apply(position)
-        iterator = self._build(track, make, catch_up.skip if catch_up else None)
+        iterator = self._build(track, make, catch_up)
         try:
             iterator.__dict__[ATTR_POSITION] = position
             position.owner = weakref.ref(iterator)
@@ -445,7 +479,7 @@ class Tracker:
         """
         pending, track.nested = track.nested, None
         outer = track.current
-        iterator = self._build(track, make, pending.skip if pending is not None else None)
+        iterator = self._build(track, make, pending)
         position = Position(track, -1, counts=False)
         if pending is not None:
             pending.apply(position)
@@ -463,12 +497,13 @@ class Tracker:
         return track.loader() if track.loader is not None else None
 
     @staticmethod
-    def _build(track: LoaderTrack, make: Callable[[], Any], skip: Optional[int]) -> Any:
-        track.pending_skip = skip
+    def _build(track: LoaderTrack, make: Callable[[], Any], catch_up: Optional[CatchUp]) -> Any:
+        if catch_up is not None:
+            track.pending_skip, track.pending_samples = catch_up.skip, catch_up.samples
         try:
             return make()
         finally:
-            track.pending_skip = None
+            track.pending_skip = track.pending_samples = None
 
     def _note_short_pass(self, track: LoaderTrack) -> None:
         previous = track.current
@@ -616,6 +651,8 @@ class Tracker:
                     "epochs": dict(track.epochs),
                     "signature": track.signature,
                     "lookahead": lookahead,
+                    "offset": position.offset,
+                    "sampler": distributed_sampler(track.loader() if track.loader else None),
                 }
             )
         return saved
@@ -709,6 +746,54 @@ def _signature(loader: Any) -> Dict[str, Any]:
         "batch_size": loader.batch_size if isinstance(loader.batch_size, int) else None,
         "workers": _workers(loader),
     }
+
+
+def distributed_sampler(loader: Any) -> Optional[Dict[str, Any]]:
+    """What fixes the order of a loader over torch's own ``DistributedSampler`` in torch's own
+    ``BatchSampler`` (None: it is not one): the global order of an epoch is one permutation
+    of the dataset (from ``seed`` and the epoch), padded or cut to a multiple of
+    ``num_replicas``, dealt out to the ranks in turn (``reshard`` maps a place in it)."""
+    from torch.utils.data import BatchSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if loader is None:
+        return None
+    found = loader.__dict__
+    sampler, batches = found.get("sampler"), found.get("batch_sampler")
+    if type(batches) is not BatchSampler or batches.sampler is not sampler:
+        return None
+    kind = type(sampler)
+    if not isinstance(sampler, DistributedSampler) or any(
+        getattr(kind, name) is not getattr(DistributedSampler, name)
+        for name in ("__iter__", "__len__")
+    ):
+        return None
+    return {
+        "num_replicas": int(sampler.num_replicas),
+        "rank": int(sampler.rank),
+        "seed": int(sampler.seed),
+        "shuffle": bool(sampler.shuffle),
+        "drop_last": bool(sampler.drop_last),
+        "dataset": len(sampler.dataset),  # type: ignore[arg-type]
+        "batch_size": int(batches.batch_size),
+        "loader_drop_last": bool(batches.drop_last),
+    }
+
+
+def _resharded_problem(plan: LoaderPlan, track: LoaderTrack, loader: Any) -> Optional[str]:
+    """Why ``loader`` is not the one a resharded plan maps onto (None: it is)."""
+    here = dict(track.signature, length=None)
+    if dict(plan.signature, length=None) != here:
+        return "is not the one the checkpoint knows (%s, now %s)" % (plan.signature, here)
+    if plan.sampler is None:
+        return None  # a finished pass: it yields nothing whatever its sampler
+    found = distributed_sampler(loader)
+    if found != plan.sampler:
+        return "does not deal out the sampler order the checkpoint was mapped onto (%s, now %s)" % (
+            plan.sampler,
+            found,
+        )
+    return None
 
 
 def _workers(loader: Any) -> bool:
@@ -828,6 +913,10 @@ def install(torch: Any) -> None:
     def _index_sampler(self: Any) -> Any:
         chosen = index_sampler.fget(self)
         track: Optional[LoaderTrack] = self.__dict__.get(ATTR_TRACK)
+        if track is not None and track.pending_samples is not None:
+            # torch's BatchSampler over the sampler's indices minus the skipped ones
+            inner = _SkippingSampler(chosen.sampler, track.pending_samples)
+            return sampler.BatchSampler(inner, chosen.batch_size, chosen.drop_last)
         if track is not None and track.pending_skip is not None:
             return _SkippingSampler(chosen, track.pending_skip)
         return chosen

@@ -39,6 +39,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="preempt every pod, or only the last node's pod",
     )
     parser.add_argument(
+        "--resume-nnodes",
+        type=int,
+        help="re-create the job with this many pods after the preemption (default: --nnodes); "
+        "a sharded plain loop resumes resharded, with no bitwise comparison",
+    )
+    parser.add_argument(
         "--destination",
         help="s3://bucket/prefix (AWS_* env) or pvc://claim/path (default: embedded S3)",
     )
@@ -95,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
     if args.script is None and script_args:
         print("jitckpt demo: script arguments need --script", file=sys.stderr)
         return 2
-    if args.nnodes < 1 or args.nproc_per_node < 1 or args.preempt_at_step < 1:
+    if min(args.nnodes, args.nproc_per_node, args.preempt_at_step, args.resume_nnodes or 1) < 1:
         print(
-            "jitckpt demo: --nnodes, --nproc-per-node and --preempt-at-step must be >= 1",
+            "jitckpt demo: --nnodes, --resume-nnodes, --nproc-per-node and --preempt-at-step "
+            "must be >= 1",
             file=sys.stderr,
         )
         return 2
@@ -116,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         destination=args.destination,
         grace_period=args.grace_period,
         restarts=max(0, args.restarts),
+        resume_nnodes=args.resume_nnodes,
         compare=args.compare or args.script is None,
         sidecar_mode=args.sidecar_mode,
         workdir=args.workdir,

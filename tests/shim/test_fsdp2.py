@@ -4,10 +4,10 @@ number of processes.
 
 The JIT checkpoint stays in the local dir, where the next process finds it
 (the sidecar, the store and two pods are exercised in tests/e2e/test_fsdp2.py,
-stopped in the first epoch: there the resume point comes first). The data
-position and per-rank random states of one world size are not mapped onto
-another yet, so a checkpoint written by 2 processes is said and not used by 1:
-training starts over and ends normally, as it would without jitckpt.
+stopped in the first epoch: there the resume point comes first). A checkpoint
+written by 2 processes is resumed by 1: the shards are read resharded and the
+data position mapped onto the one process (``reshard``; the samples themselves
+are checked in tests/e2e/test_fsdp2_reshard.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from tests.shim.support import TORCHRUN, ShimEnv, Spawn, checkpoint_steps
 
 SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_fsdp2.py"
+DDP_SCRIPT = SCRIPT.with_name("loop_ddp_mnist.py")
 HOLD = "JITCKPT_DEMO_HOLD_AT_STEP"
 
 
@@ -41,9 +42,11 @@ def cut_at(shim_env: ShimEnv, spawn: Spawn, processes: int, step: int, tmp_path:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_two_ranks_is_said_and_not_used_by_one(
+def test_a_checkpoint_of_two_ranks_is_resumed_resharded_by_one(
     shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
+    """Then stopped again on the one process, in the pass it resumed between the old
+    batches, and resumed there: bitwise equal to the one process never stopped again."""
     state = cut_at(shim_env, spawn, 2, 5, tmp_path)
     names = sorted(p.name for p in state.iterdir())
     assert names == ["dcp", "node-0.json", "rank-00000.pt", "rank-00001.pt"]
@@ -57,10 +60,44 @@ def test_a_checkpoint_of_two_ranks_is_said_and_not_used_by_one(
     alone = spawn(torchrun(1, tmp_path / "alone.pt"), shim_env.env)
     assert alone.wait(timeout=240) == 0, alone.output()[-3000:]
     output = alone.output()
-    assert "it was written by 2 processes, this job has 1" in output
-    assert "training starts over" in output and "resumed at step" not in output
+    assert "checkpoint-5 was written by 2 processes, this job has 1: the sharded" in output
+    assert "from position 40 of its order (the 2 old processes took positions 0 to 39)" in output
+    assert "resumed at step 5: DataLoader #0, pass 0, after 40 sample(s) and batch 0" in output
+    assert "training starts over" not in output
     assert output.count("training done") == 1
-    assert (tmp_path / "alone.pt").exists()
+
+    again = spawn(torchrun(1, tmp_path / "cut-again.pt"), {**shim_env.env, HOLD: "9"})
+    again.wait_for("holding at step 9 ", timeout=240)
+    again.signal(signal.SIGTERM)
+    assert again.wait(timeout=120) == 143, again.output()[-3000:]
+    assert checkpoint_steps(shim_env.checkpoints) == [5, 9]
+    resumed = spawn(torchrun(1, tmp_path / "resumed.pt"), shim_env.env)
+    assert resumed.wait(timeout=240) == 0, resumed.output()[-3000:]
+    assert "resumed at step 9: DataLoader #0, pass 0, after 56 sample(s)" in resumed.output()
+    left = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    right = torch.load(tmp_path / "alone.pt", weights_only=True)
+    assert [name for name in right if not torch.equal(left[name], right[name])] == []
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_of_two_ranks_is_said_and_not_used_by_one(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """A DDP loop's rank files are not resharded: said once, training starts over."""
+
+    def ddp(processes: int, output: str) -> list[str]:
+        command = [TORCHRUN, "--standalone", "--nproc-per-node", str(processes), str(DDP_SCRIPT)]
+        return [*command, "--epochs", "1", "--save-model", str(tmp_path / output)]
+
+    cut = spawn(ddp(2, "cut.pt"), {**shim_env.env, HOLD: "3"})
+    cut.wait_for("holding at step 3 ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    alone = spawn(ddp(1, "alone.pt"), shim_env.env)
+    assert alone.wait(timeout=240) == 0, alone.output()[-3000:]
+    output = alone.output()
+    assert output.count("it was written by 2 processes, this job has 1: only a training") == 1
+    assert "training starts over" in output and "resumed at step" not in output
 
 
 @pytest.mark.slow

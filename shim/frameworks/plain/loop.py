@@ -43,7 +43,7 @@ from ...log import failed, say, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
-from . import extrastate, shardedsaves, shardedstate
+from . import extrastate, reshard, shardedsaves, shardedstate
 from . import state as loopstate
 
 FRAMEWORK = "torch"
@@ -161,32 +161,61 @@ class PlainLoop:
         if claim.owner() is not None:
             self._off(None)
             return
-        marker = loopstate.node_marker(dist.ranks()["node_rank"])
-        if newest_checkpoint(self.config.checkpoints_dir, marker) is None:
+        # Node 0's mark: a checkpoint written by fewer nodes than this job has (``reshard``).
+        markers = (loopstate.node_marker(dist.ranks()["node_rank"]), loopstate.node_marker(0))
+        if all(newest_checkpoint(self.config.checkpoints_dir, m) is None for m in markers):
             return  # nothing of ours here: the sidecar restored nothing for a plain loop
         self._begin()
         assert self.run is not None
         step = self.run.local_resume_step()
         if step is None:
             return
-        ranks = dist.ranks()
         directory = self.run.checkpoint_path(step)
-        saved: Optional[Dict[str, Any]] = None
-        try:
-            saved = loopstate.read(directory, ranks["rank"])
-            if saved is None:
-                return
-            reason = loopstate.unusable(saved, step, ranks["rank"], ranks["world_size"])
-        except Exception as exc:  # a torn or foreign file: never trusted, never raised
-            reason = "its state cannot be read: %s: %s" % (type(exc).__name__, exc)
-        if reason is not None or saved is None:
+        saved, reason = self._read_saved(directory, step)
+        if reason is not None:
             say("cannot resume from %s (%s): training starts over" % (directory, reason))
+            return
+        if saved is None:
             return
         self.resume = Resume(step, saved)
         self.run.process.link.final_progress(step, 0, 0.0, resumed=step)
         dataloaders.TRACKER.assign(saved["loaders"])
         if self.resume is not None:
             say("resuming the training loop from %s" % directory)
+
+    def _read_saved(
+        self, directory: str, step: int
+    ) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        """This rank's saved state (None: none here) and why it cannot resume from it.
+
+        Written by another number of processes, it is mapped onto this one where
+        ``reshard`` can (what changes is said once), else it is not used.
+        """
+        ranks = dist.ranks()
+        world, rank = ranks["world_size"], ranks["rank"]
+        try:
+            old = reshard.saved_world(directory) or world
+            source = rank if old == world else reshard.source_rank(rank, old)
+            saved = loopstate.read(directory, source)
+            if saved is None:
+                return None, None
+            reason = loopstate.unusable(saved, step, source, old)
+            if reason is not None or old == world:
+                return saved, reason
+            reason, notes = reshard.adapt(saved, old, world, rank)
+        except Exception as exc:  # a torn or foreign file: never trusted, never raised
+            return None, "its state cannot be read: %s: %s" % (type(exc).__name__, exc)
+        if reason is not None:
+            return saved, "it was written by %d processes, this job has %d: %s" % (
+                old,
+                world,
+                reason,
+            )
+        say(
+            "checkpoint-%d was written by %d processes, this job has %d: the sharded model and "
+            "optimizer are read resharded (DCP); %s" % (step, old, world, "; ".join(notes))
+        )
+        return saved, None
 
     def _begin(self) -> None:
         if self.run is not None:
@@ -324,14 +353,25 @@ class PlainLoop:
         rngstate.restore(resume.saved["rng"])
         resume.early = resume.done = True
         self.base_step = resume.step
-        counts = tuple(len(resume.saved[key]) for key in ("others", "objects", "registered"))
+        counts = [len(resume.saved[key]) for key in ("others", "objects", "registered")]
         resume.saved = {}
         self._remove_forward_hook()
         where = position.track.current or position
+        batch = "batch %d" % where.yielded
+        if where.offset:
+            batch = "%d sample(s) and %s" % (where.offset, batch)
         say(
-            "resumed at step %d: DataLoader #%d, pass %d, after batch %d (and %d other "
+            "resumed at step %d: DataLoader #%d, pass %d, after %s (and %d other "
             "module(s), %d object(s) of the program's, %d registered object(s))"
-            % (resume.step, where.track.index, where.iteration, where.yielded, *counts)
+            % (
+                resume.step,
+                where.track.index,
+                where.iteration,
+                batch,
+                counts[0],
+                counts[1],
+                counts[2],
+            )
         )
 
     # -- the step boundary ---------------------------------------------------------

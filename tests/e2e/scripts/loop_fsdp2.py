@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--save-model", default="lm_final.pt")
+    parser.add_argument("--log-samples", action="store_true", help="print each batch's samples")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -71,7 +72,7 @@ def main() -> None:
 
     generator = torch.Generator().manual_seed(1000)
     tokens = torch.randint(args.vocab, (96 + 16, args.seq_len + 1), generator=generator)
-    dataset = TensorDataset(tokens[:96, :-1], tokens[:96, 1:])
+    dataset = TensorDataset(torch.arange(96), tokens[:96, :-1], tokens[:96, 1:])
     held_out = (tokens[96:, :-1], tokens[96:, 1:])
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
@@ -88,7 +89,9 @@ def main() -> None:
     model.train()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        for batch, (inputs, targets) in enumerate(loader):
+        for batch, (samples, inputs, targets) in enumerate(loader):
+            if args.log_samples:
+                print(f"rank {rank} epoch {epoch} samples {samples.tolist()}", flush=True)
             logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             loss.backward()

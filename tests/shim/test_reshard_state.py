@@ -1,0 +1,43 @@
+"""What resharding keeps exactly: the model and optimizer state a plain FSDP2 loop saved
+with DCP on 2 ranks, read back by ``shardedstate`` on 1 rank and on 3 (uneven shards),
+is bitwise the saved one once put back (every parameter, AdamW's step and moments, the
+parameter groups). The loop around it is tests/e2e/test_fsdp2_reshard.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from local.demo.weights import compare_saved
+from tests.shim.support import REPO, TORCHRUN
+
+WORKER = Path(__file__).with_name("reshard_worker.py")
+
+
+def torchrun(ranks: int, mode: str, directory: Path, out: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [TORCHRUN, "--standalone", "--nproc-per-node", str(ranks), str(WORKER)]
+    done = subprocess.run(
+        [*command, mode, str(directory), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_state_read_back_on_another_number_of_ranks_is_the_saved_one(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    torchrun(2, "save", checkpoint, tmp_path / "saved.pt")
+    saved = torch.load(tmp_path / "saved.pt", weights_only=True)
+    assert saved["optim"]["state"], "AdamW has a state after 3 steps"
+    for ranks in (1, 3):
+        torchrun(ranks, "load", checkpoint, tmp_path / f"read-{ranks}.pt")
+        assert compare_saved(tmp_path / f"read-{ranks}.pt", tmp_path / "saved.pt") == [], ranks
