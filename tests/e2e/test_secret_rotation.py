@@ -62,6 +62,15 @@ def status(pod: Pod) -> dict[str, Any]:
     return document
 
 
+def trainer_ready(pod: Pod) -> bool:
+    """The trainer started (after the sidecar's startupProbe passed) and has its handler."""
+    try:
+        log = pod.container("pytorch").log_path
+    except KeyError:
+        return False  # not started yet
+    return TRAINER_READY in log.read_text()
+
+
 def wait(condition: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -111,8 +120,7 @@ def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> N
             assert not store.accepts(first) and store.accepts(second)
             upload(20)
             client.close()
-            trainer_log = pod.container("pytorch").log_path
-            wait(lambda: TRAINER_READY in trainer_log.read_text(), 120, "the trainer's handler")
+            wait(lambda: trainer_ready(pod), 120, "the trainer's SIGTERM handler")
         finally:
             pod.terminate()
             result = pod.wait(60)
