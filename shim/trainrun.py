@@ -30,7 +30,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 from . import dist, final, pids, streaming
 from .channel import SidecarLink
@@ -115,7 +115,8 @@ class TrainingRun:
     def __init__(self, config: ShimConfig, framework: str, marker: str) -> None:
         self.config = config
         self.framework = framework
-        self.marker = marker  # the file the framework writes last into a checkpoint
+        # The file the framework writes last into a checkpoint (``newest_checkpoint``).
+        self.marker: Union[str, Tuple[str, ...]] = marker
         self.process: ProcessSession = get_session(config)
         self.jit_step: Optional[int] = None
         self.hold_at_step = config.demo_hold_at_step

@@ -4,8 +4,9 @@ The script (``scripts/train_lightning_fsdp2.py``) shards its model in
 ``configure_model`` with ``fully_shard`` over two nodes (one process each,
 gloo on the CPU), so every rank holds half of each parameter and of AdamW's
 state. One demo: two nodes, SIGTERM to one pod only, mid-epoch. The JIT
-checkpoint, and the periodic ones (every 4 steps), are the strategy's own
-distributed checkpoints, each node committing its own rank's shards; the
+checkpoint, and the periodic ones (every 4 steps, their shards written behind
+training by DCP's ``async_save``), are the strategy's own distributed
+checkpoints, each node committing its own rank's shards; the
 resumed run ends bitwise equal to the uninterrupted one, in the shim's
 final weights and in what the script itself saves after ``fit()`` (a
 distributed checkpoint too: both runs' shards, optimizer state and
@@ -72,11 +73,15 @@ def test_model_parallel_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Pa
     assert summary["equal_to_uninterrupted"] is True
     # Each node staged its own rank's shards: node 0 its rank file, its shard, the
     # coordinator's .metadata and meta.pt; node 1 its rank file and its shard. So did the
-    # periodic saves (written synchronously: the strategy saves through its own path).
+    # periodic saves, whose shards DCP wrote behind training (staged once every rank's
+    # write was done).
     preempted = summary["sidecar_logs"]["preempted"]
     assert files_accepted(preempted, jit, "jit") == [2, 4]
     assert files_accepted(preempted, EVERY, "periodic") == [2, 4]
     assert files_accepted(summary["sidecar_logs"]["resumed"], 2 * EVERY, "periodic") == [2, 4]
+    for log in summary["trainer_logs"]["preempted"] + summary["trainer_logs"]["resumed"]:
+        text = Path(log).read_text(errors="replace")
+        assert text.count("shards are written behind the training loop") == 1, log
     for log in summary["trainer_logs"]["resumed"]:
         text = Path(log).read_text(errors="replace")
         assert f"resuming from /mnt/jitckpt/checkpoints/checkpoint-{jit}" in text

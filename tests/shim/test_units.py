@@ -15,6 +15,7 @@ import pytest
 from shim import hooks, launcher, log
 from shim.checkpoints import newest_checkpoint
 from shim.config import from_env
+from shim.frameworks.lightning.sharded import checkpoint_complete
 from shim.staging import stage
 
 
@@ -116,6 +117,20 @@ def test_newest_checkpoint_skips_unfinished(tmp_path: Path) -> None:
         str(tmp_path / "checkpoint-10"),
     )
     assert newest_checkpoint(str(tmp_path / "missing"), "trainer_state.json") is None
+
+
+def test_a_checkpoint_with_several_last_files_needs_them_all(tmp_path: Path) -> None:
+    """A sharded Lightning checkpoint written behind training: ``meta.pt`` comes first, DCP's
+    ``.metadata`` once every rank's shards are written; only both make it whole."""
+    for step, names in ((4, ("meta.pt", ".metadata")), (8, ("meta.pt",))):
+        directory = tmp_path / f"checkpoint-{step}" / "model.ckpt"
+        directory.mkdir(parents=True)
+        for name in names:
+            (directory / name).write_bytes(b"")
+    markers = ("model.ckpt/.metadata", "model.ckpt/meta.pt")
+    assert newest_checkpoint(str(tmp_path), markers) == (4, str(tmp_path / "checkpoint-4"))
+    assert checkpoint_complete(str(tmp_path / "checkpoint-4" / "model.ckpt"))
+    assert not checkpoint_complete(str(tmp_path / "checkpoint-8" / "model.ckpt"))
 
 
 def test_config_from_env_is_forgiving(capsys: pytest.CaptureFixture[str]) -> None:

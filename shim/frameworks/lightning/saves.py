@@ -13,8 +13,10 @@ memory, so the GIL is held far less beside the training loop. The file is the
 one Lightning's synchronous save writes, and ``model.ckpt``, the file that
 marks a Lightning checkpoint complete, appears only once it is whole.
 
-Kept synchronous, said once: a strategy with a ``save_checkpoint`` of its own
-(DeepSpeed, FSDP, model parallelism, XLA: sharded or gathered state), a
+``ModelParallelStrategy``'s distributed checkpoints are written behind the loop
+by DCP instead (``sharded``). Kept synchronous, said once: another strategy with
+a ``save_checkpoint`` of its own (DeepSpeed, FSDP, XLA, and model parallelism
+saving one gathered file: sharded or gathered state), a
 ``CheckpointIO`` other than Lightning's ``TorchCheckpointIO`` (a custom one, or
 Lightning's own ``AsyncCheckpointIO``, which already writes in a thread), and
 ``JITCKPT_ASYNC_SAVE=false``.

@@ -19,6 +19,15 @@ With ``save_distributed_checkpoint=False`` the strategy gathers the whole
 state on rank 0 into one file instead: that is Lightning's single-file
 checkpoint, taken as for DDP.
 
+A periodic save is written behind training (``BackgroundShards``): during the
+shim's call of ``save_checkpoint``, the function the strategy writes the shards
+with (``_distributed_checkpoint_save``, a plain ``dcp.save``) is replaced by
+DCP's ``async_save`` of the same state to the same directory, so the files are
+the ones the synchronous save writes; the shards are staged once every rank
+wrote them (``shardedwrites``). Global rank 0 writes ``meta.pt`` at once, before
+the shards are done, so such a directory is whole only once the coordinator's
+``.metadata`` (written last by DCP) is there too: both files are the marker.
+
 A distributed checkpoint loads into another number of processes too (DCP
 reshards), but each rank's record (its data position and random states)
 belongs to the layout that wrote it: a checkpoint written by another number
@@ -32,16 +41,24 @@ alone, so a sharded final save is not uploaded (said once).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+import sys
+from types import ModuleType
+from typing import Any, Callable, List, Optional, Tuple, Union
 
-from ... import dist
+from ... import asyncsave, dist
 from ...log import failed, say_once
+from ...shardedwrites import ShardedWrites
 
 # The strategy class, by the name both Lightning packages give it.
 STRATEGY = "ModelParallelStrategy"
 # What Lightning writes last into a sharded checkpoint directory (global rank 0, after
-# every rank's shards and the coordinator's ``.metadata``).
+# every rank's shards and the coordinator's ``.metadata``)...
 SHARDED_MARKER = "meta.pt"
+# ...and what DCP writes last (the coordinator, once every rank's shards are written):
+# the last file when the shards are written behind training.
+DCP_METADATA = ".metadata"
+# The function of the strategy's module that writes the shards (a synchronous ``dcp.save``).
+SHARD_WRITER = "_distributed_checkpoint_save"
 
 
 def is_model_parallel(strategy: Any, strategy_class: Optional[type]) -> bool:
@@ -49,19 +66,82 @@ def is_model_parallel(strategy: Any, strategy_class: Optional[type]) -> bool:
     return strategy_class is not None and isinstance(strategy, strategy_class)
 
 
-def marker(strategy: Any, strategy_class: Optional[type], checkpoint_file: str) -> str:
-    """The file written last into a checkpoint of ``strategy`` (relative to its directory):
-    how a checkpoint left in the local volume is known to be whole."""
+def writes_shards(strategy: Any, strategy_class: Optional[type]) -> bool:
+    """Whether ``strategy`` saves distributed checkpoints (a directory of shards)."""
     sharded = getattr(strategy, "_save_distributed_checkpoint", True)
-    if is_model_parallel(strategy, strategy_class) and sharded:
-        return "%s/%s" % (checkpoint_file, SHARDED_MARKER)
+    return is_model_parallel(strategy, strategy_class) and bool(sharded)
+
+
+def marker(
+    strategy: Any, strategy_class: Optional[type], checkpoint_file: str
+) -> Union[str, Tuple[str, ...]]:
+    """The files written last into a checkpoint of ``strategy`` (relative to its
+    directory): how a checkpoint left in the local volume is known to be whole."""
+    if writes_shards(strategy, strategy_class):
+        return tuple("%s/%s" % (checkpoint_file, name) for name in (DCP_METADATA, SHARDED_MARKER))
     return checkpoint_file
 
 
 def checkpoint_complete(path: str) -> bool:
     """Whether ``path`` is a Lightning checkpoint written whole: one file, or a sharded
-    directory whose last file (``meta.pt``) is there."""
-    return os.path.isfile(path) or os.path.isfile(os.path.join(path, SHARDED_MARKER))
+    directory whose last files (DCP's ``.metadata``, Lightning's ``meta.pt``) are there."""
+    if os.path.isfile(path):
+        return True
+    return all(os.path.isfile(os.path.join(path, name)) for name in (DCP_METADATA, SHARDED_MARKER))
+
+
+class BackgroundShards(ShardedWrites):
+    """The periodic saves of a ``ModelParallelStrategy`` written behind training."""
+
+    def __init__(self, module: ModuleType) -> None:
+        super().__init__()
+        self.module = module  # the strategy's module, whose SHARD_WRITER is replaced
+
+    def save(self, save_checkpoint: Callable[[], None], directory: str, step: int) -> bool:
+        """Run ``save_checkpoint`` (collective) with the shards written behind training;
+        False: the strategy wrote no shards through its writer (the save is synchronous
+        and complete, the caller stages it)."""
+        import torch.distributed.checkpoint as dcp
+
+        group = self.group()
+        futures: List[Any] = []
+
+        def write_behind(converted_state: Any, path: Any) -> None:
+            futures.append(dcp.async_save(converted_state, checkpoint_id=path, process_group=group))
+
+        original = getattr(self.module, SHARD_WRITER)
+        setattr(self.module, SHARD_WRITER, write_behind)
+        try:
+            save_checkpoint()
+        finally:
+            setattr(self.module, SHARD_WRITER, original)
+        if not futures:
+            return False
+        self.started(directory, step, futures[0])
+        return True
+
+
+def background_shards(strategy_class: Optional[type]) -> Optional[BackgroundShards]:
+    """The background writer of a ``ModelParallelStrategy``'s periodic saves, or None
+    (synchronous, the reason said once)."""
+    reason = None
+    module = sys.modules.get(strategy_class.__module__) if strategy_class is not None else None
+    if not asyncsave.enabled():
+        reason = "%s is false" % asyncsave.ENV_ASYNC_SAVE
+    elif module is None or not callable(getattr(module, SHARD_WRITER, None)):
+        reason = "this Lightning's %s writes its shards without %s" % (STRATEGY, SHARD_WRITER)
+    if reason is not None:
+        said = "periodic checkpoints are saved synchronously: %s" % reason
+        say_once("lightning-sync-saves", said)
+        return None
+    say_once(
+        "lightning-async-saves",
+        "periodic checkpoints' shards are written behind the training loop by "
+        "torch.distributed.checkpoint's async_save (%s=false: synchronous)"
+        % asyncsave.ENV_ASYNC_SAVE,
+    )
+    assert module is not None
+    return BackgroundShards(module)
 
 
 def final_save_not_uploaded(path: str) -> None:

@@ -203,11 +203,21 @@ class Periodic:
 class FitSession:
     """The shim's state for one Lightning ``Trainer``."""
 
-    def __init__(self, trainer: Any, config: ShimConfig, strategy_base: Optional[type]) -> None:
+    def __init__(
+        self,
+        trainer: Any,
+        config: ShimConfig,
+        strategy_base: Optional[type],
+        sharded_class: Optional[type],
+    ) -> None:
         self.trainer = trainer
         self.config = config
         self.strategy_base = strategy_base  # the package's Strategy (lightningsaves)
-        self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
+        self.sharded_class = sharded_class  # its ModelParallelStrategy (lightning_sharded)
+        # Periodic saves behind the loop: the one file (saves), or the shards (sharded);
+        # both None: synchronous saves.
+        self.saves: Optional[asyncsave.BackgroundSaves] = None
+        self.shards: Optional[lightning_sharded.BackgroundShards] = None
         self._saves_decided = False
         self.run = TrainingRun(config, FRAMEWORK, CHECKPOINT_FILE)
         self.run.while_held = lambda: self.stage_written(block=False)
@@ -388,7 +398,9 @@ class FitSession:
 
         A periodic save is written in the background when it can be, and staged
         once every rank's writer is done (``stage_written``); only one is in
-        flight, and a JIT save supersedes it. A JIT save that fails leaves
+        flight. A JIT save supersedes a single-file one still being written; a
+        sharded one (DCP's write, which cannot be cut short) is waited for and
+        staged first, so the fallback is there too. A JIT save that fails leaves
         SIGTERM to act as it would without the shim (the handler that was there
         before, or death by the signal): training on would end the run as if it
         had never been told to stop.
@@ -398,10 +410,11 @@ class FitSession:
         directory = self.run.checkpoint_path(step)
         path = os.path.join(directory, CHECKPOINT_FILE)
         saves = self._background()
+        shards = self.shards
         try:
             if saves is not None and kind == KIND_JIT:
                 saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
-            elif saves is not None:
+            else:
                 self.stage_written(block=True)  # one save in flight: wait, hand it over
             os.makedirs(directory, exist_ok=True)
             self._write_record(directory, point)
@@ -410,7 +423,11 @@ class FitSession:
                 stable = lightningsaves.optimizer_storages(trainer)
                 saves.save(directory, step, lambda: trainer.save_checkpoint(path), stable)
                 return
-            trainer.save_checkpoint(path)
+            if shards is not None and kind == KIND_PERIODIC:
+                if shards.save(lambda: trainer.save_checkpoint(path), directory, step):
+                    return  # staged once every rank's shards are written
+            else:
+                trainer.save_checkpoint(path)
             self.run.stage(directory, step, kind)
         except Exception as exc:
             if kind != KIND_JIT:
@@ -430,7 +447,10 @@ class FitSession:
         """The background saver, decided at the first save (the strategy is set up by then)."""
         if not self._saves_decided:
             self._saves_decided = True
-            self.saves = lightningsaves.background_saves(self.trainer, self.strategy_base)
+            if lightning_sharded.writes_shards(self.trainer.strategy, self.sharded_class):
+                self.shards = lightning_sharded.background_shards(self.sharded_class)
+            else:
+                self.saves = lightningsaves.background_saves(self.trainer, self.strategy_base)
         return self.saves
 
     def stage_written(self, block: bool) -> None:
@@ -438,12 +458,16 @@ class FitSession:
         rank's writer is done (``block``: wait for this rank's first)."""
         if self.saves is not None:
             self.saves.agree_and_stage(self._stage_periodic, block)
+        if self.shards is not None:
+            self.shards.settle(self._stage_periodic, block)
 
     def training_ended(self, normally: bool) -> None:
         """Training is over: what is still being written is written, and staged when the
         ranks can agree (``normally``: every rank ends here too)."""
         if self.saves is not None:
             self.saves.finish(self._stage_periodic, normally)
+        if self.shards is not None and normally:
+            self.shards.settle(self._stage_periodic, block=True)
 
     def _stage_periodic(self, directory: str, step: int) -> None:
         """Stage a checkpoint every rank wrote, then rotate: no save is in flight here, so
@@ -576,12 +600,17 @@ class Integration:
                 "from the shim and trains unchanged" % (type(trainer.strategy).__name__, reason),
             )
             return None
-        session = FitSession(trainer, self.config, self.parts.strategy_class("Strategy"))
+        session = FitSession(
+            trainer,
+            self.config,
+            self.parts.strategy_class("Strategy"),
+            self.parts.strategy_class(lightning_sharded.STRATEGY),
+        )
         connector = getattr(trainer, "_signal_connector", None)
         if connector is not None and self.register is not None:
             session.register_again = functools.partial(self.register, connector)
         session.run.marker = lightning_sharded.marker(
-            trainer.strategy, self.parts.strategy_class(lightning_sharded.STRATEGY), CHECKPOINT_FILE
+            trainer.strategy, session.sharded_class, CHECKPOINT_FILE
         )
         self.sessions[trainer] = session
         trainer.callbacks.append(self.callback_type(session))
