@@ -69,6 +69,9 @@ class Attempt:
     seconds: float
     resumed_after: int  # the step its training began after (0: from the start)
     reached: int  # the last step it ended
+    first_step_seconds: float  # from its start to its first training step's begin
+    restore_seconds: float  # from its start to its trainer process's start
+    download_seconds: float | None = None  # the peers' `s5cmd cp` of the checkpoint restored
 
 
 @dataclass(frozen=True)
@@ -105,14 +108,32 @@ def preemption_steps(seed: int, max_steps: int, count: int) -> list[int]:
     return [rng.randrange(low + round(i * span), low + round((i + 1) * span)) for i in range(count)]
 
 
-def attempt_steps(path: Path) -> tuple[int, int]:
-    """(the step training began after, the last step ended) from one attempt's timeline."""
+@dataclass(frozen=True)
+class PodTimes:
+    """When an attempt's pod started and ended (``time.monotonic()``, as the timeline)."""
+
+    started: float
+    trainer_started: float
+    ended: float
+    download_seconds: float | None = None
+
+
+def attempt_of(times: PodTimes, path: Path) -> Attempt:
+    """One attempt from its pod's times and its trainer's timeline."""
     events = timeline.read(path)
     begins = timeline.times(events, "step_begin")
     ends = timeline.times(events, "step_end")
     if not begins or not ends:
         raise RuntimeError(f"no step in {path}")
-    return min(begins) - 1, max(ends)
+    first = min(begins)
+    return Attempt(
+        times.ended - times.started,
+        first - 1,
+        max(ends),
+        begins[first] - times.started,
+        times.trainer_started - times.started,
+        times.download_seconds,
+    )
 
 
 @dataclass
@@ -157,16 +178,17 @@ class JobRunner:
             here = self.work / f"attempt-{number}"
             here.mkdir(parents=True)
             run_one = self._jitckpt_attempt if self.subject == JITCKPT else self._peer_attempt
-            seconds = run_one(here, stop_at, timeout=600 + self.max_steps * 10)
-            attempts.append(Attempt(seconds, *attempt_steps(here / "timeline.jsonl")))
+            times = run_one(here, stop_at, timeout=600 + self.max_steps * 10)
+            attempts.append(attempt_of(times, here / "timeline.jsonl"))
         return Goodput(attempts)
 
-    def _jitckpt_attempt(self, here: Path, stop_at: int | None, timeout: float) -> float:
+    def _jitckpt_attempt(self, here: Path, stop_at: int | None, timeout: float) -> PodTimes:
         started = time.monotonic()
         node = JitckptNode(here / "node", self.root, self.s3_env).start(timeout)
         try:
             argv = self.argv(here / "output", here / "timeline.jsonl")
             env = node.trainer_env()
+            trainer_started = time.monotonic()
             with Background(argv, env=env, log=here / "trainer.log") as trainer:
                 assert trainer.process is not None
                 _preempt_at(trainer, here / "timeline.jsonl", stop_at, timeout)
@@ -174,21 +196,24 @@ class JobRunner:
                 ended = time.monotonic()
             if stop_at is None:
                 _check_finished(code, here)
-                return ended - started
+                return PodTimes(started, trainer_started, ended)
             assert node.agent is not None and node.agent.process is not None
             os.kill(node.agent.pid, signal.SIGTERM)  # the main container ended
             node.agent.process.wait(timeout=timeout)
-            return time.monotonic() - started
+            return PodTimes(started, trainer_started, time.monotonic())
         finally:
             node.stop()
 
-    def _peer_attempt(self, here: Path, stop_at: int | None, timeout: float) -> float:
+    def _peer_attempt(self, here: Path, stop_at: int | None, timeout: float) -> PodTimes:
         env = dict(os.environ, **self.s3_env)
         output = here / "output"
         started = time.monotonic()
-        if self.subject != FLOOR:
-            peer_store.restore_newest(self.root, output, env)
+        download = None
+        step = peer_store.newest_complete(self.root, env) if self.subject != FLOOR else None
+        if step is not None:
+            download = peer_store.download(self.root, step, output, env)
         argv = self.argv(output, here / "timeline.jsonl")
+        trainer_started = time.monotonic()
         with Background(argv, env=env, log=here / "trainer.log") as trainer:
             assert trainer.process is not None
             _preempt_at(trainer, here / "timeline.jsonl", stop_at, timeout)
@@ -199,7 +224,7 @@ class JobRunner:
             saved = sorted(output.glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)
             if saved:
                 peer_store.upload(saved[-1], self.root, env)
-        return time.monotonic() - started
+        return PodTimes(started, trainer_started, time.monotonic(), download)
 
 
 def _preempt_at(

@@ -57,11 +57,3 @@ def download(root: str, step: int, output_dir: Path, env: dict[str, str]) -> flo
     target = output_dir / name
     target.mkdir(parents=True, exist_ok=True)
     return run_s5cmd(["cp", f"{root}/{name}/*", f"{target}/"], env).seconds
-
-
-def restore_newest(root: str, output_dir: Path, env: dict[str, str]) -> int | None:
-    """The newest complete checkpoint downloaded into ``output_dir``; its step, None if none."""
-    step = newest_complete(root, env)
-    if step is not None:
-        download(root, step, output_dir, env)
-    return step
