@@ -2,7 +2,8 @@
 
 For each size, one job per subject is stopped after step `STOP_AFTER_STEP`
 (SIGTERM; its checkpoint reaches the store) and started again as a new pod
-on a fresh volume, the way bench/goodput.py runs every attempt:
+on a fresh volume, the way bench/goodput.py runs every attempt (the
+resumed pod is stopped a few steps later):
 - jitckpt: the agent starts, restores the newest valid checkpoint, reports
   ready (polled every 100 ms here, as `JitckptNode` does); then the trainer
   starts and the shim resumes from the restored files.
@@ -32,7 +33,10 @@ from bench.training_run import ModelShape
 
 NAME = "time_to_resume"
 STOP_AFTER_STEP = 2
-MAX_STEPS = 4
+# The resumed pod is stopped too, a few steps on: its first step is all that is measured,
+# and a run that reached its end before HF's JIT save (3 s after SIGTERM) saves nothing.
+STOP_RESUMED_AFTER_STEP = STOP_AFTER_STEP + 3
+MAX_STEPS = 100
 PEER = "s5cmd cp + resume_from_checkpoint"
 FLOOR = "s5cmd download + the framework's own load (floor)"
 MB = 1_000_000
@@ -50,7 +54,7 @@ def resumed(subject: str, shape: ModelShape, s3_env: dict[str, str]) -> Attempt:
     """The second attempt of a job stopped after `STOP_AFTER_STEP`: the resumed pod."""
     with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
         runner = JobRunner(subject, shape, MAX_STEPS, s3_env, Path(tmp))
-        job = runner.run([STOP_AFTER_STEP, None])
+        job = runner.run([STOP_AFTER_STEP, STOP_RESUMED_AFTER_STEP])
     attempt = job.attempts[1]
     if attempt.resumed_after < STOP_AFTER_STEP:
         raise RuntimeError(f"{subject} resumed after step {attempt.resumed_after}, not restored")
