@@ -29,6 +29,8 @@ BENCHMARKS = (
     ("training_wall", "bench.training_wall"),
     ("preemption", "bench.preemption"),
     ("sigterm_to_durable", "bench.sigterm_to_durable"),
+    ("time_to_resume", "bench.time_to_resume"),
+    ("goodput", "bench.goodput"),
 )
 
 

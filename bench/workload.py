@@ -10,6 +10,9 @@ can compare it with the moment it sent SIGTERM.
 `none` (leave it to the jitckpt shim, when PYTHONPATH carries it), `hf-jit`
 (transformers' `TrainingArguments.enable_jit_checkpoint`), `sync-save` (the
 hand-written way: a flag, then HF's own save at the next step end, then exit).
+`--upload-to` and `--resume` make it the user without jitckpt who keeps
+checkpoints in S3 (bench/peer_store.py): each save uploaded with `s5cmd`, and
+a restart resumed from the checkpoint downloaded into the output directory.
 
     python -m bench.workload --output-dir DIR --hidden-size 256 --layers 3 \
         --max-steps 100000 --on-sigterm sync-save --timeline t.jsonl
@@ -110,6 +113,22 @@ def build_callback(timeline: Timeline, on_sigterm: str) -> Any:
     return BenchCallback()
 
 
+def build_uploader(root: str) -> Any:
+    """The peer's periodic upload: each saved checkpoint to ``root`` with `s5cmd`, in
+    ``on_save``, before training goes on (bench/peer_store.py)."""
+    from transformers import TrainerCallback
+
+    from bench import peer_store
+
+    class Uploader(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:
+                saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                peer_store.upload(saved, root, dict(os.environ))
+
+    return Uploader()
+
+
 def main() -> int:
     arguments = argparse.ArgumentParser(description=__doc__)
     arguments.add_argument("--output-dir", type=Path, required=True)
@@ -123,6 +142,12 @@ def main() -> int:
     arguments.add_argument("--save-total-limit", type=int, default=None)
     arguments.add_argument("--on-sigterm", choices=ON_SIGTERM, default="none")
     arguments.add_argument("--timeline", type=Path, default=None)
+    arguments.add_argument(
+        "--upload-to", default=None, help="s3://bucket/prefix: s5cmd cp of each saved checkpoint"
+    )
+    arguments.add_argument(
+        "--resume", action="store_true", help="resume_from_checkpoint=True when one is there"
+    )
     args = arguments.parse_args()
     device = os.environ.get(ENV_DEVICE, "cpu")
     if device not in DEVICES:
@@ -161,13 +186,12 @@ def main() -> int:
         seed=0,
     )
     timeline = Timeline(args.timeline, device)
-    trainer = Trainer(
-        model=model,
-        args=training,
-        train_dataset=dataset,
-        callbacks=[build_callback(timeline, args.on_sigterm)],
-    )
-    trainer.train()
+    callbacks = [build_callback(timeline, args.on_sigterm)]
+    if args.upload_to:
+        callbacks.append(build_uploader(args.upload_to))
+    trainer = Trainer(model=model, args=training, train_dataset=dataset, callbacks=callbacks)
+    resume = args.resume and any(args.output_dir.glob("checkpoint-*"))
+    trainer.train(resume_from_checkpoint=True if resume else None)
     return 0
 
 

@@ -185,15 +185,21 @@ class Agent:
                 log.info("shim copied to %s (%d files)", self.shim_target, count)
             self.staged_jobs.prepare()
             cfg.pids_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.state.phase = "restoring"
+            # The download starts with the access probe, not after its three round trips;
+            # nothing of it is recorded or said until the probe has passed.
+            download = asyncio.create_task(self._download(store))
             if cfg.verify_access:
                 try:
                     await verify_access(store, cfg)
                 except AccessError as exc:
+                    download.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StoreError, OSError):
+                        await download
                     return self._fail(EXIT_NO_ACCESS, str(exc))
                 log.info("access to %s verified", store.uri)
-            self.state.phase = "restoring"
             try:
-                await self._restore(store)
+                self._record_restored(store, await download)
             except (StoreError, OSError) as exc:
                 return self._fail(EXIT_RESTORE_FAILED, f"restore from {store.uri} failed: {exc}")
             if self.phase == "restore":
@@ -212,12 +218,14 @@ class Agent:
         termination.write(self.termination_log, termination.message(self.state, [], note=text))
         return code
 
-    async def _restore(self, store: Store) -> None:
+    async def _download(self, store: Store) -> RestoreResult:
         if not self.config.resume:
-            self.restored = RestoreResult(reason="resume is false: starting fresh")
             log.info("jitckpt.io/resume is false: not restoring")
-        else:
-            self.restored = await restore(store, self.config.checkpoints_dir)
+            return RestoreResult(reason="resume is false: starting fresh")
+        return await restore(store, self.config.checkpoints_dir)
+
+    def _record_restored(self, store: Store, restored: RestoreResult) -> None:
+        self.restored = restored
         self.restored.save(self.state_dir)
         self._record_restore()
         self.metrics.restore_seconds.set(self.restored.seconds)

@@ -229,6 +229,54 @@ def test_verify_access_fails_fast(
     assert "NoSuchBucket" in message
 
 
+def test_the_restore_downloads_while_the_access_probe_runs(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """The probe's three round trips do not hold the download: the checkpoint is in place
+    while the probe's write is still held, and the trainer starts once both are done."""
+    from tests.support.faultproxy import FaultProxy
+
+    destination = f"s3://{bucket}/ns/job"
+    seed_store(destination, tmp_path, 3, {"model.bin": 4096})
+    with FaultProxy(local_s3.endpoint) as proxy:
+        proxy.delay(3, times=1, method="PUT", path=".jitckpt-probe-")
+        env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent = AgentProcess(root=tmp_path / "pod", destination=destination, s3_env=env)
+        agent.root.mkdir()
+        try:
+            agent.start()
+            agent.wait_ready()
+            log = agent.log()
+            assert log.index("restored checkpoint-3") < log.index("access to s3://"), log
+            assert agent.status()["restored"]["step"] == 3
+            assert agent.terminate() == 0
+        finally:
+            agent.kill()
+
+
+def test_a_failed_access_probe_records_no_restore(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """The probe's write refused: the agent fails as before, whatever the download that ran
+    beside the probe found; no restore is recorded for a later run of the container."""
+    from tests.support.faultproxy import FaultProxy
+
+    destination = f"s3://{bucket}/ns/job"
+    seed_store(destination, tmp_path, 3, {"model.bin": 4096})
+    with FaultProxy(local_s3.endpoint) as proxy:
+        proxy.fail(403, "AccessDenied", times=1, method="PUT", path=".jitckpt-probe-")
+        env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent = AgentProcess(root=tmp_path / "pod", destination=destination, s3_env=env)
+        agent.root.mkdir()
+        try:
+            agent.start()
+            assert agent.wait(30) == 3
+        finally:
+            agent.kill()
+    assert f"cannot write in {destination}" in agent.termination()["message"]
+    assert not list(agent.root.rglob("restored.json"))
+
+
 def test_grace_too_short_is_reported(agent: AgentProcess) -> None:
     agent.extra_env = {"JITCKPT_GRACE_SECONDS": "2", "JITCKPT_GRACE_MARGIN": "0.5"}
     agent.start()

@@ -1,0 +1,316 @@
+"""Goodput under preemption: one job run to its end through the same preemptions.
+
+The HF Trainer workload (bench/workload.py, about 500 MB of state, a few
+hundred steps; `--quick`: 50 MB, 60 steps) is preempted at the same seeded
+random steps (`preemption_steps`, one in each of `PREEMPTIONS` equal spans of
+the run) and restarted each time, for every subject:
+- jitckpt: the real agent and shim (bench/jitckpt_node.py), the script's own
+  periodic saves every `JITCKPT_SAVE_EVERY` steps (written in the background,
+  uploaded by the agent) and the JIT checkpoint at SIGTERM; a restart is a
+  new node (fresh local volume) whose agent restores before the trainer starts.
+- periodic, N = 10 and 50: plain HF saves every N steps, each uploaded with
+  `s5cmd` in `on_save` before training goes on; a restart downloads the
+  newest complete one with `s5cmd` and calls `resume_from_checkpoint`
+  (bench/peer_store.py). SIGTERM ends the process, as it does a script that
+  does not handle it.
+- hf-jit: transformers' `enable_jit_checkpoint`, then `s5cmd cp` of that
+  checkpoint once the process has exited; restarts as the periodic peers do.
+- uninterrupted: the same run with no saves and no preemption, the floor.
+A preemption is SIGTERM once the attempt's timeline shows the step ended; the
+attempt ends when its pod would be gone (jitckpt: the agent exited after
+committing; the peers: the trainer exited and, for hf-jit, its upload
+finished). Wall time to finish is the sum of the attempts, from each pod's
+start (restore included) to its end; the gaps a scheduler leaves between
+pods are not counted, for any subject. Steps trained twice: for each
+preemption, the last step the attempt ended minus the step the next one
+resumed after. Time lost per preemption: (wall time - the floor's) / the
+number of preemptions.
+
+    python -m bench.goodput [--quick] [--reps N]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import harness, peer_store, timeline
+from bench.harness import BenchOptions
+from bench.jitckpt_node import JitckptNode
+from bench.procs import Background
+from bench.results import Case, Series
+from bench.training_run import ModelShape, wait_for_step, workload_argv
+
+NAME = "goodput"
+BUCKET = "bench-goodput"
+SEED = 25
+PREEMPTIONS = 3
+JITCKPT_SAVE_EVERY = 50
+JITCKPT = "jitckpt"
+PERIODIC = {10: "hf periodic saves every 10 + s5cmd", 50: "hf periodic saves every 50 + s5cmd"}
+HF_JIT = "hf enable_jit_checkpoint + s5cmd cp"
+FLOOR = "uninterrupted, no saves (floor)"
+PREEMPTED = (JITCKPT, *PERIODIC.values(), HF_JIT)
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One pod's life: from its start to its end, and the steps it trained."""
+
+    seconds: float
+    resumed_after: int  # the step its training began after (0: from the start)
+    reached: int  # the last step it ended
+    first_step_seconds: float  # from its start to its first training step's begin
+    restore_seconds: float  # from its start to its trainer process's start
+    download_seconds: float | None = None  # the peers' `s5cmd cp` of the checkpoint restored
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """A whole job under the preemptions, from its attempts."""
+
+    attempts: list[Attempt]
+
+    @property
+    def seconds(self) -> float:
+        return sum(a.seconds for a in self.attempts)
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.attempts) - 1
+
+    def steps_trained_twice(self) -> int:
+        """Steps an attempt ended that the next one trained again."""
+        pairs = itertools.pairwise(self.attempts)
+        return sum(max(0, done.reached - after.resumed_after) for done, after in pairs)
+
+    def lost_per_preemption(self, floor_seconds: float) -> float:
+        return (self.seconds - floor_seconds) / max(1, self.preemptions)
+
+
+def preemption_steps(seed: int, max_steps: int, count: int) -> list[int]:
+    """``count`` increasing steps, one drawn in each of ``count`` equal spans of the run
+    (its first and last tenth left out, so every attempt trains and the last one too)."""
+    rng = random.Random(seed)
+    low, high = max(1, max_steps // 10), max_steps - max(1, max_steps // 10)
+    span = (high - low) / count
+    if span < 1:
+        raise ValueError(f"{count} preemptions do not fit in {max_steps} steps")
+    return [rng.randrange(low + round(i * span), low + round((i + 1) * span)) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class PodTimes:
+    """When an attempt's pod started and ended (``time.monotonic()``, as the timeline)."""
+
+    started: float
+    trainer_started: float
+    ended: float
+    download_seconds: float | None = None
+
+
+def attempt_of(times: PodTimes, path: Path) -> Attempt:
+    """One attempt from its pod's times and its trainer's timeline."""
+    events = timeline.read(path)
+    begins = timeline.times(events, "step_begin")
+    ends = timeline.times(events, "step_end")
+    if not begins or not ends:
+        raise RuntimeError(f"no step in {path}")
+    first = min(begins)
+    return Attempt(
+        times.ended - times.started,
+        first - 1,
+        max(ends),
+        begins[first] - times.started,
+        times.trainer_started - times.started,
+        times.download_seconds,
+    )
+
+
+@dataclass
+class JobRunner:
+    """One subject's job: its attempts, each in a fresh directory, one store prefix."""
+
+    subject: str
+    shape: ModelShape
+    max_steps: int
+    s3_env: dict[str, str]
+    work: Path
+
+    @property
+    def root(self) -> str:
+        return f"s3://{BUCKET}/{self.subject_key}"
+
+    @property
+    def subject_key(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in self.subject)[:40]
+
+    def argv(self, out: Path, timeline_path: Path) -> list[str]:
+        """The trainer's command for this subject, with what it does on restart."""
+        if self.subject == FLOOR:
+            return workload_argv(self.shape, out, timeline_path, max_steps=self.max_steps)
+        if self.subject == JITCKPT:
+            return workload_argv(
+                self.shape, out, timeline_path, max_steps=self.max_steps,
+                save_steps=JITCKPT_SAVE_EVERY,
+            )  # fmt: skip
+        every = next((n for n, name in PERIODIC.items() if name == self.subject), 0)
+        mode = "hf-jit" if self.subject == HF_JIT else "none"
+        argv = workload_argv(
+            self.shape, out, timeline_path, max_steps=self.max_steps, save_steps=every,
+            on_sigterm=mode,
+        )  # fmt: skip
+        upload = ["--upload-to", self.root] if every else []
+        return [*argv, "--resume", *upload]
+
+    def run(self, stops: Sequence[int | None]) -> Goodput:
+        attempts = []
+        for number, stop_at in enumerate(stops):
+            here = self.work / f"attempt-{number}"
+            here.mkdir(parents=True)
+            run_one = self._jitckpt_attempt if self.subject == JITCKPT else self._peer_attempt
+            times = run_one(here, stop_at, timeout=600 + self.max_steps * 10)
+            attempts.append(attempt_of(times, here / "timeline.jsonl"))
+        return Goodput(attempts)
+
+    def _jitckpt_attempt(self, here: Path, stop_at: int | None, timeout: float) -> PodTimes:
+        started = time.monotonic()
+        node = JitckptNode(here / "node", self.root, self.s3_env).start(timeout)
+        try:
+            argv = self.argv(here / "output", here / "timeline.jsonl")
+            env = node.trainer_env()
+            trainer_started = time.monotonic()
+            with Background(argv, env=env, log=here / "trainer.log") as trainer:
+                assert trainer.process is not None
+                _preempt_at(trainer, here / "timeline.jsonl", stop_at, timeout)
+                code = trainer.process.wait(timeout=timeout)
+                ended = time.monotonic()
+            if stop_at is None:
+                _check_finished(code, here)
+                return PodTimes(started, trainer_started, ended)
+            assert node.agent is not None and node.agent.process is not None
+            os.kill(node.agent.pid, signal.SIGTERM)  # the main container ended
+            node.agent.process.wait(timeout=timeout)
+            return PodTimes(started, trainer_started, time.monotonic())
+        finally:
+            node.stop()
+
+    def _peer_attempt(self, here: Path, stop_at: int | None, timeout: float) -> PodTimes:
+        env = dict(os.environ, **self.s3_env)
+        output = here / "output"
+        started = time.monotonic()
+        download = None
+        step = peer_store.newest_complete(self.root, env) if self.subject != FLOOR else None
+        if step is not None:
+            download = peer_store.download(self.root, step, output, env)
+        argv = self.argv(output, here / "timeline.jsonl")
+        trainer_started = time.monotonic()
+        with Background(argv, env=env, log=here / "trainer.log") as trainer:
+            assert trainer.process is not None
+            _preempt_at(trainer, here / "timeline.jsonl", stop_at, timeout)
+            code = trainer.process.wait(timeout=timeout)
+        if stop_at is None:
+            _check_finished(code, here)
+        elif self.subject == HF_JIT:
+            saved = sorted(output.glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)
+            if saved:
+                peer_store.upload(saved[-1], self.root, env)
+        return PodTimes(started, trainer_started, time.monotonic(), download)
+
+
+def _preempt_at(
+    trainer: Background, timeline_path: Path, stop_at: int | None, timeout: float
+) -> None:
+    if stop_at is not None:
+        wait_for_step(trainer, timeline_path, stop_at, timeout=timeout)
+        os.kill(trainer.pid, signal.SIGTERM)
+
+
+def _check_finished(code: int, here: Path) -> None:
+    if code != 0:
+        log = (here / "trainer.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the last attempt exited {code}: {log}")
+
+
+def run(options: BenchOptions) -> list[Case]:
+    from local.s3server import LocalS3
+
+    label, state_bytes, max_steps = ("50 MB", 50 * MB, 60) if options.quick else (
+        "500 MB", 500 * MB, 300
+    )  # fmt: skip
+    shape = ModelShape.for_state(label, state_bytes)
+    stops = preemption_steps(SEED, max_steps, PREEMPTIONS)
+    reps = options.repetitions(1, 1)
+    subjects = (FLOOR, *PREEMPTED)
+    jobs: dict[str, list[Goodput]] = {s: [] for s in subjects}
+    with LocalS3() as s3:
+        for rep in range(reps):
+            for subject in subjects[rep % len(subjects) :] + subjects[: rep % len(subjects)]:
+                s3.reset()
+                s3.create_bucket(BUCKET)
+                plan: list[int | None] = [None] if subject == FLOOR else [*stops, None]
+                with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
+                    runner = JobRunner(subject, shape, max_steps, s3.credentials_env(), Path(tmp))
+                    job = runner.run(plan)
+                jobs[subject].append(job)
+                _say(f"rep {rep} {subject}: {job.seconds:.1f} s, attempts {job.attempts}")
+    return cases(label, shape, max_steps, stops, jobs)
+
+
+def _say(message: str) -> None:
+    print(f"[bench] goodput {message}", file=sys.stderr, flush=True)
+
+
+def cases(
+    label: str, shape: ModelShape, max_steps: int, stops: list[int], jobs: dict[str, list[Goodput]]
+) -> list[Case]:
+    """The four figures, each subject's samples; the floor's wall time is the reference's."""
+    floor = [job.seconds for job in jobs[FLOOR]]
+    floor_median = sorted(floor)[len(floor) // 2]
+    case = (
+        f"{label} state (h={shape.hidden_size}, layers={shape.layers}), {max_steps} steps, "
+        f"preempted after steps {', '.join(map(str, stops))}"
+    )
+    params = {"preempted_after": stops, "seed": SEED, "jitckpt_save_steps": JITCKPT_SAVE_EVERY}
+    note = (
+        "goodput: wall time = the attempts summed, each from its pod's start (restore "
+        "included) to its end (jitckpt: the agent gone after the JIT commit; peers: the "
+        "trainer gone and, for hf-jit, its s5cmd cp done); the floor trains without saves"
+    )
+
+    def figure(metric: str, unit: str, value: Callable[[Goodput], float], with_floor: bool) -> Case:
+        names = [*PREEMPTED, FLOOR] if with_floor else list(PREEMPTED)
+        series = [
+            Series(
+                name,
+                [value(job) for job in jobs[name]],
+                {**params, "attempts": [[a.__dict__ for a in job.attempts] for job in jobs[name]]},
+            )
+            for name in names
+        ]
+        return Case(NAME, case, metric, unit, True, series, note=note)
+
+    return [
+        figure("wall time to finish", "s", lambda job: job.seconds, True),
+        figure("wall time ÷ uninterrupted", "x", lambda job: job.seconds / floor_median, False),
+        figure("steps trained twice", "steps", lambda job: job.steps_trained_twice(), False),
+        figure(
+            "time lost per preemption",
+            "s",
+            lambda job: job.lost_per_preemption(floor_median),
+            False,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(NAME, "bench.goodput", run, __doc__))

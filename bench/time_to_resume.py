@@ -1,0 +1,102 @@
+"""Time to resume: from a new pod's start to its first training step after the restore.
+
+For each size, one job per subject is stopped after step `STOP_AFTER_STEP`
+(SIGTERM; its checkpoint reaches the store) and started again as a new pod
+on a fresh volume, the way bench/goodput.py runs every attempt (the
+resumed pod is stopped a few steps later):
+- jitckpt: the agent starts, restores the newest valid checkpoint, reports
+  ready (polled every 100 ms here, as `JitckptNode` does); then the trainer
+  starts and the shim resumes from the restored files.
+- peer: `s5cmd ls` for the newest complete checkpoint, `s5cmd cp` of it, then
+  the script with `resume_from_checkpoint` (HF's `enable_jit_checkpoint` wrote
+  it at the SIGTERM, `s5cmd cp` uploaded it).
+- floor: the peer's own `s5cmd cp` (bytes ÷ s5cmd's download throughput)
+  plus the framework's own load, the peer's time from its process start to
+  its first step (the files in place): nothing of the restore can be faster
+  than moving its bytes and loading them.
+Measured to the first `step_begin` of the resumed run's timeline.
+
+    python -m bench.time_to_resume [--quick] [--reps N]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import harness
+from bench.goodput import BUCKET, HF_JIT, JITCKPT, Attempt, JobRunner
+from bench.harness import BenchOptions
+from bench.results import Case, Series
+from bench.training_run import ModelShape
+
+NAME = "time_to_resume"
+STOP_AFTER_STEP = 2
+# The resumed pod is stopped too, a few steps on: its first step is all that is measured,
+# and a run that reached its end before HF's JIT save (3 s after SIGTERM) saves nothing.
+STOP_RESUMED_AFTER_STEP = STOP_AFTER_STEP + 3
+MAX_STEPS = 100
+PEER = "s5cmd cp + resume_from_checkpoint"
+FLOOR = "s5cmd download + the framework's own load (floor)"
+MB = 1_000_000
+
+
+def floor_seconds(peer: Attempt) -> float:
+    """The peer's `s5cmd cp` plus the framework's own load: from its process start (the
+    files in place, after `s5cmd ls` and `s5cmd cp`) to its first step."""
+    if peer.download_seconds is None:
+        raise ValueError("the peer restored nothing")
+    return peer.download_seconds + peer.first_step_seconds - peer.restore_seconds
+
+
+def resumed(subject: str, shape: ModelShape, s3_env: dict[str, str]) -> Attempt:
+    """The second attempt of a job stopped after `STOP_AFTER_STEP`: the resumed pod."""
+    with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
+        runner = JobRunner(subject, shape, MAX_STEPS, s3_env, Path(tmp))
+        job = runner.run([STOP_AFTER_STEP, STOP_RESUMED_AFTER_STEP])
+    attempt = job.attempts[1]
+    if attempt.resumed_after < STOP_AFTER_STEP:
+        raise RuntimeError(f"{subject} resumed after step {attempt.resumed_after}, not restored")
+    return attempt
+
+
+def run(options: BenchOptions) -> list[Case]:
+    from local.s3server import LocalS3
+
+    sizes = [("50 MB", 50 * MB)]
+    if not options.quick:
+        sizes += [("500 MB", 500 * MB), ("2 GB", 2000 * MB)]
+    reps = options.repetitions(3, 2)
+    found: list[Case] = []
+    with LocalS3() as s3:
+        for label, state_bytes in sizes:
+            shape = ModelShape.for_state(label, state_bytes)
+            samples: dict[str, list[float]] = {JITCKPT: [], PEER: [], FLOOR: []}
+            for rep in range(reps if state_bytes < 2000 * MB else min(reps, 1)):
+                for subject in (JITCKPT, HF_JIT) if rep % 2 == 0 else (HF_JIT, JITCKPT):
+                    s3.reset()
+                    s3.create_bucket(BUCKET)
+                    attempt = resumed(subject, shape, s3.credentials_env())
+                    name = JITCKPT if subject == JITCKPT else PEER
+                    samples[name].append(attempt.first_step_seconds)
+                    if subject == HF_JIT:
+                        samples[FLOOR].append(floor_seconds(attempt))
+                    print(f"[bench] resume {label} rep {rep} {name}: {attempt}", file=sys.stderr)
+            found.append(
+                Case(
+                    NAME,
+                    f"{label} state (h={shape.hidden_size}, layers={shape.layers})",
+                    "new pod's start to its first step after the restore",
+                    "s",
+                    True,
+                    [Series(name, values) for name, values in samples.items()],
+                    note="time_to_resume: a job stopped after step 2 started again as a new "
+                    "pod; floor = the peer's s5cmd cp + its process start to first step",
+                )
+            )
+    return found
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main(NAME, "bench.time_to_resume", run, __doc__))
