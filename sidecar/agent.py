@@ -38,6 +38,7 @@ from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
 from sidecar.grace import GraceClock
 from sidecar.metrics import Metrics
+from sidecar.nodefiles import NodeLayout
 from sidecar.presence import Presence
 from sidecar.restore import RestoreResult, restore
 from sidecar.server import Limits, Peer, ProtocolServer
@@ -217,7 +218,9 @@ class Agent:
             self.restored = RestoreResult(reason="resume is false: starting fresh")
             log.info("jitckpt.io/resume is false: not restoring")
         else:
-            self.restored = await restore(store, self.config.checkpoints_dir)
+            cfg = self.config
+            node = NodeLayout(cfg.node_rank, cfg.nnodes, cfg.nproc_per_node)
+            self.restored = await restore(store, cfg.checkpoints_dir, node)
         self.restored.save(self.state_dir)
         self._record_restore()
         self.metrics.restore_seconds.set(self.restored.seconds)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, FrozenSet, List, Optional
 
 from ... import dist
 from ...log import failed, say
-from . import shardedstate
+from . import nodelocal, shardedstate
 
 # Values of the written agreement (all-reduce MIN over ranks).
 _WRITING, _FAILED, _WRITTEN = 0, 1, 2
@@ -38,6 +38,7 @@ class InFlight:
     directory: str
     step: int
     future: Any  # concurrent.futures.Future of DCP's write
+    sharded: bool  # the state was ``nodelocal.only_sharded``
 
 
 class PeriodicSaves:
@@ -61,14 +62,16 @@ class PeriodicSaves:
             self._group = torch_dist.new_group(backend="gloo")
         with shardedstate.Busy():
             model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, "optim": optim_state}
         future = dcp.async_save(
-            {"model": model_state, "optim": optim_state},
+            state,
             checkpoint_id=shardedstate.path(directory),
             process_group=self._group,
+            planner=nodelocal.planner(),
         )
-        self.inflight = InFlight(directory, step, future)
+        self.inflight = InFlight(directory, step, future, nodelocal.only_sharded(state))
 
-    def settle(self, stage: Callable[[str, int], None], block: bool) -> None:
+    def settle(self, stage: Callable[[str, int, FrozenSet[str]], None], block: bool) -> None:
         """Stage the save in flight once every rank wrote it (collective: every rank calls it
         at every step end, and before a JIT save with ``block``)."""
         inflight = self.inflight
@@ -83,7 +86,11 @@ class PeriodicSaves:
         if agreed == _FAILED:
             say("periodic checkpoint-%d was not written on every rank: not staged" % inflight.step)
             return
-        stage(inflight.directory, inflight.step)
+        stage(
+            inflight.directory,
+            inflight.step,
+            nodelocal.dcp_marks(inflight.future.result(), inflight.sharded),
+        )
 
 
 def _state(future: Any) -> int:
