@@ -14,7 +14,11 @@ what the sidecar writes there: ``pod`` and ``job`` Kubernetes names, ``time``
 an ISO 8601 time, so nothing a manifest says can carry a line break or an
 escape sequence to a log or a terminal (``jitckpt ls`` prints them).
 ``check_path`` is the same path rule for names the trainer stages, so
-whatever is uploaded can be restored.
+whatever is uploaded can be restored. ``local`` (a file only the writing
+node's ranks read on the same layout) and ``nproc_per_node`` (the writer's
+processes per node) are strict too: a wrong type or range makes the
+manifest invalid; absent, they mean "any node reads it" and "unknown", so an
+older manifest is downloaded whole.
 """
 
 from __future__ import annotations

@@ -140,15 +140,27 @@ def load(directory: str, model: Any, optimizers: List[Any]) -> Dict[str, Any]:
 
     DCP reshards on load: each rank reads the parts of every saved shard that
     fall in its own, whatever the number of ranks that wrote them. A read that
-    fails leaves the live module and optimizers untouched.
+    fails leaves the live module and optimizers untouched, and fails on every rank
+    (DCP gathers each rank's error): a ``RuntimeError`` here, as DCP's own
+    ``CheckpointException`` is a ``BaseException`` that no ``except Exception`` of
+    the loop would catch (a file missing on one node then ended the process instead
+    of starting over).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     with Busy():
         model_state, optim_state = get_state_dict(model, optimizers)
     loaded = {"model": copy.deepcopy(model_state), "optim": copy.deepcopy(optim_state)}
-    dcp.load(loaded, checkpoint_id=path(directory))
+    try:
+        dcp.load(loaded, checkpoint_id=path(directory))
+    except CheckpointException as exc:
+        first = next(iter(exc.failures.values()), exc)
+        raise RuntimeError(
+            "DCP's read failed on ranks %s (%s: %s)"
+            % (sorted(exc.failures), type(first).__name__, first)
+        ) from None
     return loaded
 
 
