@@ -187,16 +187,21 @@ def _relative_name(value: Any) -> str:
     return name
 
 
-def _files(body: Mapping[str, Any]) -> Tuple[str, ...]:
-    value = body.get("files")
+def _names(body: Mapping[str, Any], field: str) -> Tuple[str, ...]:
+    """A list of distinct relative names, at most ``MAX_FILES``."""
+    value = body.get(field)
     if not isinstance(value, list):
-        raise ProtocolError("files must be a list")
+        raise ProtocolError("%s must be a list" % field)
     if len(value) > MAX_FILES:
-        raise ProtocolError("files lists more than %d entries" % MAX_FILES)
+        raise ProtocolError("%s lists more than %d entries" % (field, MAX_FILES))
     names = tuple(_relative_name(item) for item in value)
     if len(set(names)) != len(names):
-        raise ProtocolError("files lists a name twice")
+        raise ProtocolError("%s lists a name twice" % field)
     return names
+
+
+def _files(body: Mapping[str, Any]) -> Tuple[str, ...]:
+    return _names(body, "files")
 
 
 def _local(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
@@ -207,16 +212,9 @@ def _local(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
     the manifest does not hold), and so is a mark on a request that lists no
     files (the whole directory: nothing to mark by name).
     """
-    value = body.get("local")
-    if value is None:
+    if body.get("local") is None:
         return ()
-    if not isinstance(value, list):
-        raise ProtocolError("local must be a list")
-    if len(value) > MAX_FILES:
-        raise ProtocolError("local lists more than %d entries" % MAX_FILES)
-    names = tuple(_relative_name(item) for item in value)
-    if len(set(names)) != len(names):
-        raise ProtocolError("local lists a name twice")
+    names = _names(body, "local")
     listed = set(files)
     for name in names:
         if name not in listed:
