@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from shim import protocol
+from shim import layout, protocol
 from sidecar import manifest as mf
+from sidecar.config import nproc_of_job
 from sidecar.nodefiles import NodeLayout
 from sidecar.restore import RestoreResult, restore
 from sidecar.storage.pvc import DirectoryStore
@@ -156,3 +157,12 @@ def test_staged_local_marks_are_checked_where_they_enter() -> None:
     ):
         with pytest.raises(protocol.ProtocolError, match="bad staged request"):
             protocol.decode_request(_staged(**bad))
+
+
+def test_processes_per_node_from_the_env_or_unknown() -> None:
+    """torchrun takes ``auto``, ``cpu`` or ``gpu`` too: unknown, never a start failure."""
+    name = layout.ENV_NPROC_PER_NODE
+    assert [nproc_of_job({name: v}) for v in ("4", "auto", "gpu", "0", "", "-1")] == [
+        4, None, None, None, None, None,
+    ]  # fmt: skip
+    assert nproc_of_job({}) is None
