@@ -5,10 +5,11 @@ one pod preempted at step 3, the job re-created on the same number of nodes
 (2 -> 2) or on another (2 -> 1, 1 -> 2). Each pod's sidecar says what it
 committed (a node's own files: its ranks' shards and rank files, node 0 also
 DCP's ``.metadata``) and what it restored; the whole checkpoint is the sum
-of what the nodes committed. Every restoring node downloads the union of all
-nodes' files: resharding needs every shard, and on the same layout the
-sidecar cannot tell that the number of processes per node is the same too
-(a node's own files would not be enough after ``--nproc-per-node`` changed).
+of what the nodes committed. Resharded, every restoring node downloads the
+union of all nodes' files (each new rank reads parts of every shard); on the
+same layout (nodes and processes per node) a node downloads its own files and
+the other nodes' shared ones only (DCP's ``.metadata``, rank 0's shard, which
+holds the replicated state; ``sidecar/nodefiles.py``).
 
     python -m bench.restore_bytes [--quick]
 """
@@ -86,9 +87,9 @@ def run(options: BenchOptions) -> list[Case]:
             lower_is_better=True,
             series=[Series(name, samples, {}) for name, samples in series.items()],
             reference=WHOLE,
-            note="restore_bytes: every node downloads the union of the nodes' files, same "
-            "layout or resharded; a node's own files are what a same-layout restore of one "
-            "node could be cut to",
+            note="restore_bytes: resharded, every node downloads the union of the nodes' "
+            "files; on the same layout its own files and the shared ones (DCP's .metadata and "
+            "rank 0's shard, which holds the replicated state): per node, node 0 first",
         )
         for old, series in by_writer.items()
     ]

@@ -169,8 +169,11 @@ class SidecarLink:
         """Hand a staged checkpoint over; its id once the sidecar owns the files, else None.
 
         A file list too long for one line is left out: the sidecar then takes
-        every file of the staged directory, which is the same set.
+        every file of the staged directory, which is the same set. The ``local``
+        marks go first (every node then downloads those files too: bytes only).
         """
+        if len(protocol.encode(request)) > protocol.MAX_LINE:
+            request = dataclasses.replace(request, local=())
         if len(protocol.encode(request)) > protocol.MAX_LINE:
             request = dataclasses.replace(request, files=())
         answer = self.call(request, timeout=STAGED_TIMEOUT)

@@ -65,6 +65,10 @@ ENV_NODE_RANK = "JITCKPT_NODE_RANK"  # copied from the trainer (literal or field
 # `jitckpt inject` on worker templates, whose node rank is the index + 1.
 ENV_NODE_RANK_OFFSET = "JITCKPT_NODE_RANK_OFFSET"
 ENV_NNODES = "JITCKPT_NNODES"
+# Copied from the trainer's PET_NPROC_PER_NODE when it has one: with the node count
+# it is the job's layout, which says whether a node's own checkpoint files are what
+# its ranks read on resume. Optional: unknown (absent, "auto", "gpu") means another.
+ENV_NPROC_PER_NODE = "JITCKPT_NPROC_PER_NODE"
 # The most nodes a job may have: what the webhook copies, the sidecar accepts
 # and a manifest may state are all held to it.
 MAX_NNODES = 10000

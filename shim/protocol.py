@@ -187,15 +187,38 @@ def _relative_name(value: Any) -> str:
     return name
 
 
-def _files(body: Mapping[str, Any]) -> Tuple[str, ...]:
-    value = body.get("files")
+def _names(body: Mapping[str, Any], field: str) -> Tuple[str, ...]:
+    """A list of distinct relative names, at most ``MAX_FILES``."""
+    value = body.get(field)
     if not isinstance(value, list):
-        raise ProtocolError("files must be a list")
+        raise ProtocolError("%s must be a list" % field)
     if len(value) > MAX_FILES:
-        raise ProtocolError("files lists more than %d entries" % MAX_FILES)
+        raise ProtocolError("%s lists more than %d entries" % (field, MAX_FILES))
     names = tuple(_relative_name(item) for item in value)
     if len(set(names)) != len(names):
-        raise ProtocolError("files lists a name twice")
+        raise ProtocolError("%s lists a name twice" % field)
+    return names
+
+
+def _files(body: Mapping[str, Any]) -> Tuple[str, ...]:
+    return _names(body, "files")
+
+
+def _local(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The ``local`` marks of a ``staged`` request: names among ``files`` (absent: none).
+
+    A mark only lets a restore on the same layout skip a file on other nodes, so
+    a name the request does not list is refused (a mark must never reach a file
+    the manifest does not hold), and so is a mark on a request that lists no
+    files (the whole directory: nothing to mark by name).
+    """
+    if body.get("local") is None:
+        return ()
+    names = _names(body, "local")
+    listed = set(files)
+    for name in names:
+        if name not in listed:
+            raise ProtocolError("local names %r, which files does not list" % name[:80])
     return names
 
 
@@ -273,7 +296,10 @@ class Staged:
 
     ``files`` are paths relative to ``dir``, ``/``-separated; empty means every
     regular file under ``dir`` (what the shim sends when the list would not
-    fit in one line).
+    fit in one line). ``local``: the files among ``files`` that only this
+    node's ranks read when the job resumes on the same layout (same number of
+    nodes and of processes per node); every other file may be read by any
+    node. Conservative: a file left out of ``local`` costs bytes, never a resume.
     """
 
     OP: ClassVar[str] = "staged"
@@ -281,13 +307,18 @@ class Staged:
     kind: str
     dir: str
     files: Tuple[str, ...]
+    local: Tuple[str, ...] = ()
 
     def to_wire(self) -> Dict[str, Any]:
-        return _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
+        message = _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
+        if self.local:
+            message["local"] = list(self.local)
+        return message
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Staged:
-        return cls(*_checkpoint_fields(body))
+        step, kind, directory, files = _checkpoint_fields(body)
+        return cls(step, kind, directory, files, _local(body, files))
 
 
 @dataclass(frozen=True)

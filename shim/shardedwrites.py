@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, FrozenSet, Optional
 
 from . import dist
 from .log import failed, say
@@ -29,11 +29,18 @@ from .log import failed, say
 _WRITING, _FAILED, _WRITTEN = 0, 1, 2
 
 
+def unmarked(write_result: Any) -> FrozenSet[str]:
+    """No file of the checkpoint is marked node-local: every node downloads them all."""
+    return frozenset()
+
+
 @dataclass
 class InFlight:
     directory: str
     step: int
     future: Any  # concurrent.futures.Future of DCP's write
+    # The files only their writer's node reads, from DCP's write result (``Staged.local``).
+    marks: Callable[[Any], FrozenSet[str]]
 
 
 class ShardedWrites:
@@ -51,11 +58,17 @@ class ShardedWrites:
             self._group = torch_dist.new_group(backend="gloo")
         return self._group
 
-    def started(self, directory: str, step: int, future: Any) -> None:
+    def started(
+        self,
+        directory: str,
+        step: int,
+        future: Any,
+        marks: Callable[[Any], FrozenSet[str]] = unmarked,
+    ) -> None:
         """``async_save`` of ``checkpoint-<step>`` returned ``future`` on this rank."""
-        self.inflight = InFlight(directory, step, future)
+        self.inflight = InFlight(directory, step, future, marks)
 
-    def settle(self, stage: Callable[[str, int], None], block: bool) -> None:
+    def settle(self, stage: Callable[[str, int, FrozenSet[str]], None], block: bool) -> None:
         """Stage the save in flight once every rank wrote it (collective: every rank calls it
         at every step end, and with ``block`` before a JIT save and at a normal end)."""
         inflight = self.inflight
@@ -70,7 +83,7 @@ class ShardedWrites:
         if agreed == _FAILED:
             say("periodic checkpoint-%d was not written on every rank: not staged" % inflight.step)
             return
-        stage(inflight.directory, inflight.step)
+        stage(inflight.directory, inflight.step, inflight.marks(inflight.future.result()))
 
 
 def _state(future: Any) -> int:

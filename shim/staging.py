@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from .log import say_once
 from .protocol import Staged
@@ -90,12 +90,15 @@ def stage(
     only: Optional[Sequence[str]] = None,
     target_root: Optional[str] = None,
     linked: Sequence[str] = (),
+    local: Optional[Callable[[str], bool]] = None,
 ) -> Staged:
     """Link every file of ``checkpoint_dir`` (or ``only`` these, relative and ``/``-separated)
     into a fresh ``staging_root/<id>/``, or into ``target_root`` where the files ``linked``
     are already (a checkpoint streamed while it was written: ``streaming``).
 
-    What it returns is the ``staged`` request that hands the links to the sidecar.
+    What it returns is the ``staged`` request that hands the links to the sidecar;
+    ``local`` says which files only this node's ranks read on the same layout (none
+    without it: every node then downloads every file).
     """
     if target_root is None:
         target_root = new_target(checkpoint_dir, staging_root, kind)
@@ -103,7 +106,7 @@ def stage(
         for relative in only:
             if relative not in linked:
                 link_file(checkpoint_dir, target_root, relative)
-        return Staged(step=step, kind=kind, dir=target_root, files=tuple(only))
+        return _request(step, kind, target_root, only, local)
     done = set(linked)
     files: List[str] = []
     for here, dirs, names in os.walk(checkpoint_dir):
@@ -118,4 +121,15 @@ def stage(
             if relative not in done:
                 _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
             files.append(relative)
-    return Staged(step=step, kind=kind, dir=target_root, files=tuple(files))
+    return _request(step, kind, target_root, files, local)
+
+
+def _request(
+    step: int,
+    kind: str,
+    target_root: str,
+    files: Sequence[str],
+    local: Optional[Callable[[str], bool]],
+) -> Staged:
+    marked = tuple(name for name in files if local is not None and local(name))
+    return Staged(step=step, kind=kind, dir=target_root, files=tuple(files), local=marked)

@@ -89,9 +89,10 @@ class Stream:
             failed("streaming %s to the sidecar" % path, exc)
             self.abandon("an error while streaming")
 
-    def finish(self) -> Optional[str]:
+    def finish(self, local: Optional[Callable[[str], bool]] = None) -> Optional[str]:
         """Hand over the rest and complete the checkpoint: its staged id, or None when
-        nothing was streamed or streaming failed (the caller hands it over whole)."""
+        nothing was streamed or streaming failed (the caller hands it over whole);
+        ``local``: ``staging.stage``'s."""
         if self.broken or self.target is None:
             return None
         try:
@@ -106,6 +107,7 @@ class Stream:
                 self.kind,
                 target_root=self.target,
                 linked=self.handed,
+                local=local,
             )
             staged_id = self.link.stage(staged)
         except Exception as exc:

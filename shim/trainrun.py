@@ -44,6 +44,9 @@ from .session import get as get_session
 from .signals import FLAG
 from .staging import stage
 
+# Which staged names only this node's ranks read on the same layout (``staging.stage``).
+LocalFiles = Optional[Callable[[str], bool]]
+
 # How often the ranks holding at the demo's step ask each other whether SIGTERM came.
 HOLD_POLL_SECONDS = 0.05
 # A demo that never sends the SIGTERM must not hang the run: train on after this.
@@ -63,13 +66,19 @@ _VOTE_GO, _VOTE_STOP, _VOTE_LEAVE = 0, 1, 2
 
 
 def hand_over(
-    link: SidecarLink, source: str, staging_root: str, step: int, kind: str
+    link: SidecarLink,
+    source: str,
+    staging_root: str,
+    step: int,
+    kind: str,
+    *,
+    local: LocalFiles = None,
 ) -> Optional[str]:
     """Hard-link ``source`` into staging and tell the sidecar; the staged id, or None."""
     if not link.present():
         return None
     try:
-        staged = stage(source, staging_root, step, kind)
+        staged = stage(source, staging_root, step, kind, local=local)
     except OSError as exc:
         failed("staging %s" % source, exc)
         return None
@@ -261,9 +270,9 @@ class TrainingRun:
         with streaming.watching(stream):
             return save()
 
-    def stage(self, directory: str, step: int, kind: str) -> None:
+    def stage(self, directory: str, step: int, kind: str, local: LocalFiles = None) -> None:
         """Every rank wrote ``directory``: local rank 0 hands it to the sidecar (completing
-        it, when it was streamed while written).
+        it, when it was streamed while written); ``local``: ``staging.stage``'s.
 
         Collective. After a JIT save no rank leaves before the sidecar owns the files.
         """
@@ -272,11 +281,12 @@ class TrainingRun:
             stream, streamed = self._stream, None
             if stream is not None and (stream.step, stream.kind) == (step, kind):
                 self._stream = None
-                streamed = stream.finish()
+                streamed = stream.finish(local)
                 if streamed is not None:
                     say("%s checkpoint-%d handed to the sidecar" % (kind, step))
             if streamed is None:
-                hand_over(self.process.link, directory, self.config.staging_dir, step, kind)
+                link, root = self.process.link, self.config.staging_dir
+                hand_over(link, directory, root, step, kind, local=local)
         if kind == KIND_JIT:
             dist.barrier()
 

@@ -38,6 +38,7 @@ from sidecar.commit import CommitResult
 from sidecar.config import AgentConfig
 from sidecar.grace import GraceClock
 from sidecar.metrics import Metrics
+from sidecar.nodefiles import NodeLayout
 from sidecar.presence import Presence
 from sidecar.restore import RestoreResult, restore
 from sidecar.server import Limits, Peer, ProtocolServer
@@ -222,7 +223,9 @@ class Agent:
         if not self.config.resume:
             log.info("jitckpt.io/resume is false: not restoring")
             return RestoreResult(reason="resume is false: starting fresh")
-        return await restore(store, self.config.checkpoints_dir)
+        cfg = self.config
+        node = NodeLayout(cfg.node_rank, cfg.nnodes, cfg.nproc_per_node)
+        return await restore(store, cfg.checkpoints_dir, node)
 
     def _record_restored(self, store: Store, restored: RestoreResult) -> None:
         self.restored = restored

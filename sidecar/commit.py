@@ -46,6 +46,8 @@ async def commit_node(
     files: list[OpenedFile],
     node_rank: int,
     nnodes: int,
+    nproc_per_node: int | None = None,
+    local: frozenset[str] = frozenset(),
     pod: str = "",
     job: str = "",
     gate: PartGate | None = None,
@@ -58,6 +60,8 @@ async def commit_node(
     ``committing`` is called once every file is in the store, just before the manifest is
     written: from there on the caller must not cancel the commit. A manifest PUT cut short
     may still land, and then no one could say whether the checkpoint was committed.
+    ``local`` and ``nproc_per_node`` let a restore on the same layout skip the other
+    nodes' files that only their own ranks read (``nodefiles``).
     """
     started = time.monotonic()
 
@@ -68,11 +72,13 @@ async def commit_node(
         entries, retries = await upload_files(store, files, key_of, gate)
     else:
         entries, retries = await upload_arriving(store, arrivals, key_of, gate)
+    entries = [e.model_copy(update={"local": True}) if e.path in local else e for e in entries]
     manifest = mf.Manifest(
         step=step,
         kind=kind,
         node_rank=node_rank,
         nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
         pod=pod,
         job=job,
         files=entries,

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from shim import layout
+from shim import layout, protocol
 from sidecar.uri import parse_job_root
 
 # Sidecar-only tuning (not part of the injected pod spec).
@@ -91,6 +91,16 @@ def node_of_job(source: Mapping[str, str]) -> dict[str, int]:
     return {"nnodes": nnodes, "node_rank": rank}
 
 
+def nproc_of_job(source: Mapping[str, str]) -> int | None:
+    """Processes per node from the env, None when unknown: torchrun also takes ``auto``,
+    ``cpu`` or ``gpu`` there, and an unknown layout only makes a restore download
+    every node's files (``sidecar/nodefiles.py``), never a wrong one."""
+    value = source.get(layout.ENV_NPROC_PER_NODE, "")
+    if not _INTEGER.fullmatch(value) or not 1 <= int(value) <= protocol.MAX_RANK:
+        return None
+    return int(value)
+
+
 class AgentConfig(BaseModel):
     """Everything the agent needs; ``from_env`` is the only way production builds it."""
 
@@ -99,6 +109,7 @@ class AgentConfig(BaseModel):
     # Defaults for tests and `jitckpt ls` only: ``from_env`` requires both (fail closed).
     node_rank: int = Field(default=0, ge=0)
     nnodes: int = Field(default=1, ge=1, le=layout.MAX_NNODES)
+    nproc_per_node: int | None = Field(default=None, ge=1, le=protocol.MAX_RANK)
     pod_name: str = ""
     pod_namespace: str = ""
     pod_ip: str = "0.0.0.0"
@@ -209,6 +220,7 @@ class AgentConfig(BaseModel):
         values: dict[str, object] = {
             "destination": source.get(layout.ENV_DESTINATION, ""),
             **node_of_job(source),
+            "nproc_per_node": nproc_of_job(source),
         }
         for field, env_name in names.items():
             raw = source.get(env_name)

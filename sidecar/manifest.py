@@ -14,7 +14,11 @@ what the sidecar writes there: ``pod`` and ``job`` Kubernetes names, ``time``
 an ISO 8601 time, so nothing a manifest says can carry a line break or an
 escape sequence to a log or a terminal (``jitckpt ls`` prints them).
 ``check_path`` is the same path rule for names the trainer stages, so
-whatever is uploaded can be restored.
+whatever is uploaded can be restored. ``local`` (a file only the writing
+node's ranks read on the same layout) and ``nproc_per_node`` (the writer's
+processes per node) are strict too: a wrong type or range makes the
+manifest invalid; absent, they mean "any node reads it" and "unknown", so an
+older manifest is downloaded whole.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ class FileEntry(BaseModel):
     size: int = Field(ge=0, le=MAX_FILE_SIZE)
     crc32c: str = Field(pattern=_CRC32C.pattern)
     parts: int = Field(default=1, ge=1, le=MAX_PARTS)  # >1: the store's checksum is composite
+    # Read only by this node's ranks when the job resumes on the writer's layout (the shim
+    # said so at staging); absent (older manifests): any node may read it.
+    local: bool = False
 
     @field_validator("path")
     @classmethod
@@ -97,6 +104,8 @@ class Manifest(BaseModel):
     kind: str
     node_rank: int = Field(ge=0, lt=MAX_NODES)
     nnodes: int = Field(ge=1, le=MAX_NODES)
+    # The writer's processes per node; None: unknown (older manifests, or not in the env).
+    nproc_per_node: int | None = Field(default=None, ge=1, le=protocol.MAX_RANK)
     pod: str = Field(default="", max_length=MAX_TEXT)
     job: str = Field(default="", max_length=MAX_TEXT)
     time: str = Field(

@@ -13,7 +13,9 @@ skip the store itself caused, it is asked again for that checkpoint's
 listing; if that fails too, the store is unreachable and restore stops
 (``Unreachable``) instead of skipping every checkpoint one by one.
 The download is the union of every node's files, so each node's trainer
-finds what it needs (its own RNG states, the shared model and optimizer).
+finds what it needs (its own RNG states, the shared model and optimizer),
+except on the layout that wrote the checkpoint: there a node downloads its
+own files and the shared ones only (``nodefiles``).
 
 ``checkpoints/`` is in the volume the trainer writes (DESIGN 7, "Trust"), and
 a restarted sidecar restores while the trainer runs. So nothing there is
@@ -42,6 +44,7 @@ import google_crc32c
 from sidecar import checksum, safefs
 from sidecar import manifest as mf
 from sidecar.commit import FILES_IN_FLIGHT
+from sidecar.nodefiles import NodeLayout, needed
 from sidecar.setaside import scan
 from sidecar.staging import SHARED_DIR_MODE, shared_dir
 from sidecar.storage.base import Store, StoreError, VerificationError
@@ -202,10 +205,11 @@ def _clear_partials(checkpoints: int) -> None:
         safefs.remove(checkpoints, name)
 
 
-async def download(store: Store, state: CheckpointState, checkpoints_dir: Path) -> Path:
-    """Fetch every node's files of ``state`` into ``checkpoint-<step>/``, verified."""
+async def download(
+    store: Store, state: CheckpointState, checkpoints_dir: Path, files: dict[str, mf.FileEntry]
+) -> Path:
+    """Fetch ``files`` of ``state`` into ``checkpoint-<step>/``, verified."""
     name = mf.checkpoint_dir(state.step)
-    files = state.files()
     checkpoints_dir.parent.mkdir(parents=True, exist_ok=True)  # the volume's mount point
     root = safefs.open_root(checkpoints_dir.parent)
     try:
@@ -250,10 +254,10 @@ class Unreachable(StoreError):
     """The store stopped answering during restore; the message says since when."""
 
 
-def _fits(checkpoints_dir: Path, state: CheckpointState) -> str:
-    """Why ``state`` cannot fit the local volume (its size is larger than the volume), or
+def _fits(checkpoints_dir: Path, files: dict[str, mf.FileEntry]) -> str:
+    """Why ``files`` cannot fit the local volume (their size is larger than the volume), or
     ""; what is merely short of free space fails on its write and is skipped then."""
-    size = sum(e.size for e in state.files().values())
+    size = sum(e.size for e in files.values())
     checkpoints_dir.parent.mkdir(parents=True, exist_ok=True)  # the volume's mount point
     volume = os.statvfs(checkpoints_dir.parent)
     capacity = volume.f_blocks * volume.f_frsize
@@ -271,13 +275,16 @@ async def _still_reachable(store: Store, step: int, why: str) -> None:
         raise Unreachable(f"the store stopped answering ({why}; then: {exc})") from exc
 
 
-async def _attempt(store: Store, state: CheckpointState, checkpoints_dir: Path) -> Path | str:
-    """Restore ``state``: its path, or why it was skipped (the store being reachable)."""
+async def _attempt(
+    store: Store, state: CheckpointState, checkpoints_dir: Path, files: dict[str, mf.FileEntry]
+) -> Path | str:
+    """Restore ``files`` of ``state``: its path, or why it was skipped (the store being
+    reachable)."""
     try:
-        too_large = await asyncio.to_thread(_fits, checkpoints_dir, state)
+        too_large = await asyncio.to_thread(_fits, checkpoints_dir, files)
         if too_large:
             return too_large
-        return await download(store, state, checkpoints_dir)
+        return await download(store, state, checkpoints_dir, files)
     except VerificationError as exc:
         return f"download failed verification: {exc}"
     except StoreError as exc:
@@ -288,8 +295,11 @@ async def _attempt(store: Store, state: CheckpointState, checkpoints_dir: Path) 
         return f"could not be written here: {type(exc).__name__}: {exc}"
 
 
-async def restore(store: Store, checkpoints_dir: Path) -> RestoreResult:
-    """Find and download the newest valid checkpoint."""
+async def restore(
+    store: Store, checkpoints_dir: Path, node: NodeLayout | None = None
+) -> RestoreResult:
+    """Find and download the newest valid checkpoint: what ``node`` needs of it
+    (``nodefiles``; None: every node's files)."""
     started = time.monotonic()
     result = RestoreResult()
     async for state in scan(store):
@@ -298,13 +308,23 @@ async def restore(store: Store, checkpoints_dir: Path) -> RestoreResult:
                 await _still_reachable(store, state.step, state.reason)
             result.skip(state.step, state.reason)
             continue
-        outcome = await _attempt(store, state, checkpoints_dir)
+        files = needed(state, node)
+        outcome = await _attempt(store, state, checkpoints_dir, files)
         if isinstance(outcome, str):
             result.skip(state.step, outcome)
             continue
         result.step = state.step
         result.path = str(outcome)
-        result.size = sum(e.size for e in state.files().values())
+        result.size = sum(e.size for e in files.values())
+        whole = sum(e.size for e in state.files().values())
+        if result.size < whole:
+            log.info(
+                "checkpoint-%d was written on this layout: this node's files and the shared "
+                "ones only (%d of its %d bytes)",
+                state.step,
+                result.size,
+                whole,
+            )
         break
     else:
         result.reason = (

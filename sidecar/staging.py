@@ -77,6 +77,8 @@ class StagedJob:
     # they arrive; both None for a job accepted whole.
     owner: object | None = None
     arrivals: Arrivals | None = None
+    # Files only this node's ranks read on a resume on the same layout (``Staged.local``).
+    local: frozenset[str] = frozenset()
 
     @property
     def complete(self) -> bool:
@@ -105,6 +107,7 @@ class StagedJob:
                 {"path": f.name, "size": f.size, "device": f.device, "inode": f.inode}
                 for f in self.files
             ],
+            "local": sorted(self.local),
         }
 
 
@@ -298,6 +301,7 @@ class StagingArea:
             raise StagingError(f"{job.id} is checkpoint-{job.step} ({job.kind})")
         self._add(job, _checked_names(request.files))  # none listed: every file there
         self._check_owned(job)
+        job.local = frozenset(request.local)
         try:
             self._write_record(job)
         except OSError as exc:
@@ -331,7 +335,14 @@ class StagingArea:
     def _take(self, job_id: str, request: protocol.Staged, now: float) -> StagedJob:
         names = _checked_names(request.files)
         files = self._open_files(job_id, names)
-        job = StagedJob(id=job_id, step=request.step, kind=request.kind, files=files, staged_at=now)
+        job = StagedJob(
+            id=job_id,
+            step=request.step,
+            kind=request.kind,
+            files=files,
+            staged_at=now,
+            local=frozenset(request.local),
+        )
         try:
             self._write_record(job)
         except OSError as exc:
@@ -488,6 +499,7 @@ class _Record:
     kind: str
     staged_at: float
     files: list[tuple[str, int, int, int]]  # path, device, inode, size
+    local: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, raw: object) -> _Record:
@@ -511,18 +523,29 @@ class _Record:
                 raise ValueError("a files entry has no path")
             numbers = [_record_int(entry, key) for key in ("device", "inode", "size")]
             files.append((entry["path"], *numbers))
-        _checked_names(tuple(path for path, *_ in files))
+        names = _checked_names(tuple(path for path, *_ in files))
+        local = raw.get("local", [])
+        if not isinstance(local, list) or not all(isinstance(n, str) for n in local):
+            raise ValueError("local is not a list of names")
+        if not set(local) <= set(names):
+            raise ValueError("local is not a list of the record's files")
         return cls(
             id=job_id,
             step=_record_int(raw, "step", protocol.MAX_STEP),
             kind=str(kind),
             staged_at=float(staged_at),
             files=files,
+            local=frozenset(local),
         )
 
     def job(self, files: list[OpenedFile]) -> StagedJob:
         return StagedJob(
-            id=self.id, step=self.step, kind=self.kind, files=files, staged_at=self.staged_at
+            id=self.id,
+            step=self.step,
+            kind=self.kind,
+            files=files,
+            staged_at=self.staged_at,
+            local=self.local,
         )
 
 

@@ -351,6 +351,8 @@ class Uploader:
                 files=job.files,
                 node_rank=cfg.node_rank,
                 nnodes=cfg.nnodes,
+                nproc_per_node=cfg.nproc_per_node,
+                local=job.local,
                 pod=cfg.pod_name,
                 job=cfg.job_name,
                 gate=gate,

@@ -161,6 +161,10 @@ class _Plan:
         env += [
             {"name": layout.ENV_NODE_RANK, **copy.deepcopy(trainer.node_rank)},
             {"name": layout.ENV_NNODES, **copy.deepcopy(trainer.nnodes)},
+        ]
+        if trainer.nproc_per_node is not None:
+            env.append({"name": layout.ENV_NPROC_PER_NODE, **copy.deepcopy(trainer.nproc_per_node)})
+        env += [
             _field_env(layout.ENV_POD_NAME, "metadata.name"),
             _field_env(layout.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(layout.ENV_POD_IP, "status.podIP"),

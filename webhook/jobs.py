@@ -35,6 +35,7 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # Where each kind keeps the node rank and node count; first match wins.
 RANK_ENV_NAMES = {PYTORCHJOB: ("PET_NODE_RANK", "RANK"), TRAINJOB: ("PET_NODE_RANK",)}
 NNODES_ENV_NAMES = {PYTORCHJOB: ("PET_NNODES", "WORLD_SIZE"), TRAINJOB: ("PET_NNODES",)}
+NPROC_ENV_NAME = "PET_NPROC_PER_NODE"  # both controllers set it
 
 _INTEGER = re.compile(r"[0-9]{1,9}")  # ASCII digits only: "²".isdigit() is True
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -51,6 +52,9 @@ class TrainerPod:
     container_index: int
     node_rank: EnvSource
     nnodes: EnvSource
+    # ``PET_NPROC_PER_NODE`` when the trainer sets it to an integer (torchrun also takes
+    # ``auto``/``gpu``): None, unknown, only makes every node download a whole checkpoint.
+    nproc_per_node: EnvSource | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +230,8 @@ def detect(pod: dict[str, Any]) -> TrainerPod | UnknownNodes | NotTrainer:
     problem = _range_problem(rank, nnodes)
     if problem is not None:
         return UnknownNodes(kind, job, f"container {container!r}: {problem}")
-    return TrainerPod(kind, job, index, rank, nnodes)
+    nproc = _node_env(trainer, (NPROC_ENV_NAME,))
+    return TrainerPod(kind, job, index, rank, nnodes, nproc if isinstance(nproc, dict) else None)
 
 
 def _field_ref(path: str) -> EnvSource:

@@ -10,6 +10,7 @@ and saves at its end, tensor by tensor.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,24 @@ def test_fsdp2_loop_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Path) 
     assert summary["saved_output"]["files"] == ["lm_final.pt"]
     for log in summary["trainer_logs"]["resumed"]:  # stopped in the first epoch: read there
         assert "with DCP (at the resume point)" in Path(log).read_text(errors="replace")
+    # Same layout: each node downloaded its own files and the shared ones only. Node 1's
+    # are its rank's own but for its marker (tens of bytes); node 0's shard holds the
+    # replicated state, read by both.
+    committed = byte_counts(summary["sidecar_logs"]["preempted"], COMMITTED)
+    restored = byte_counts(summary["sidecar_logs"]["resumed"], RESTORED)
+    assert committed[0] < restored[0] < committed[0] + 1024, (committed, restored)
+    assert committed[1] < restored[1] < sum(committed), (committed, restored)
+
+
+COMMITTED = re.compile(r"committed checkpoint-7 \(jit, (\d+) bytes")
+RESTORED = re.compile(r"restored checkpoint-7 \((\d+) bytes\)")
+
+
+def byte_counts(logs: list[str], pattern: re.Pattern[str]) -> list[int]:
+    """What ``pattern`` finds in each node's sidecar log, node 0 first."""
+    found = [pattern.search(Path(log).read_text(errors="replace")) for log in logs]
+    assert all(found), logs
+    return [int(match[1]) for match in found if match]
 
 
 def lines(log: str, text: str) -> list[int]:

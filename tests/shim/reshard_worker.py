@@ -1,10 +1,13 @@
 """Run by torchrun for ``test_reshard_state``: an FSDP2 module and its AdamW, trained a few
 steps and saved with ``shardedstate`` on one number of ranks (``save``), or read back with
 it on another (``load``) into a module built from another seed; either way rank 0 writes
-the full (unsharded) model and optimizer state it then holds to ``OUT``."""
+the full (unsharded) model and optimizer state it then holds to ``OUT``, and after a save
+the DCP files ``nodelocal`` marks as only their writer's to ``OUT.marks``. ``probe``: a
+read that fails (a file missing) writes each rank's error to ``OUT.<rank>``."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import torch
@@ -34,7 +37,19 @@ def main() -> None:
             model(torch.randn(4, 8)).pow(2).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
-        shardedstate.save(directory, model, [optimizer])
+        marks = shardedstate.save(directory, model, [optimizer])
+        if dist.get_rank() == 0:
+            with open(out + ".marks", "w") as handle:
+                json.dump(sorted(marks), handle)
+    elif mode == "probe":
+        model, optimizer = build(1)
+        try:
+            shardedstate.load(directory, model, [optimizer])
+        except Exception as exc:
+            with open(f"{out}.{dist.get_rank()}", "w") as handle:
+                handle.write(type(exc).__name__)
+        dist.destroy_process_group()
+        return
     else:
         model, optimizer = build(1)
         loaded = shardedstate.load(directory, model, [optimizer])

@@ -5,6 +5,7 @@ parameter groups). The loop around it is tests/e2e/test_fsdp2_reshard.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -41,3 +42,11 @@ def test_the_state_read_back_on_another_number_of_ranks_is_the_saved_one(tmp_pat
     for ranks in (1, 3):
         torchrun(ranks, "load", checkpoint, tmp_path / f"read-{ranks}.pt")
         assert compare_saved(tmp_path / f"read-{ranks}.pt", tmp_path / "saved.pt") == [], ranks
+    # Rank 1's shard file holds only its own parts (what AdamW's step and the parameter
+    # groups hold is in rank 0's): on the same layout only rank 1 reads it (``nodelocal``).
+    assert json.loads((tmp_path / "saved.pt.marks").read_text()) == ["__1_0.distcp"]
+    # A file missing at a same-layout read fails DCP's read on every rank, none hangs or
+    # reads on: the loop then starts over everywhere (``loop._load_sharded``).
+    (checkpoint / "loop-state" / "dcp" / "__0_0.distcp").unlink()
+    torchrun(2, "probe", checkpoint, tmp_path / "probe")
+    assert [(tmp_path / f"probe.{rank}").exists() for rank in (0, 1)] == [True, True]

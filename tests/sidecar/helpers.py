@@ -33,6 +33,8 @@ async def commit(
     node_rank: int = 0,
     nnodes: int = 1,
     kind: str = "periodic",
+    nproc_per_node: int | None = None,
+    local: frozenset[str] = frozenset(),
 ) -> CommitResult:
     files = [open_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file()]
     try:
@@ -43,6 +45,8 @@ async def commit(
             files=files,
             node_rank=node_rank,
             nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            local=local,
             pod="pod-a",
             job="job-1",
         )

@@ -459,7 +459,7 @@ class FitSession:
         if self.saves is not None:
             self.saves.agree_and_stage(self._stage_periodic, block)
         if self.shards is not None:
-            self.shards.settle(self._stage_periodic, block)
+            self.shards.settle(lambda d, step, _: self._stage_periodic(d, step), block)
 
     def training_ended(self, normally: bool) -> None:
         """Training is over: what is still being written is written, and staged when the
@@ -467,7 +467,7 @@ class FitSession:
         if self.saves is not None:
             self.saves.finish(self._stage_periodic, normally)
         if self.shards is not None and normally:
-            self.shards.settle(self._stage_periodic, block=True)
+            self.stage_written(block=True)
 
     def _stage_periodic(self, directory: str, step: int) -> None:
         """Stage a checkpoint every rank wrote, then rotate: no save is in flight here, so

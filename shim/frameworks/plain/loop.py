@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from ... import claim, dataloaders, dist, finalsaves, pids, rngstate, watcher
 from ...checkpoints import newest_checkpoint
@@ -43,7 +43,7 @@ from ...log import failed, say, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
-from . import extrastate, reshard, shardedsaves, shardedstate
+from . import extrastate, nodelocal, reshard, shardedsaves, shardedstate
 from . import state as loopstate
 
 FRAMEWORK = "torch"
@@ -529,17 +529,24 @@ class PlainLoop:
         payload["loaders"] = dataloaders.TRACKER.snapshot(position)
         loopstate.write(directory, ranks["rank"], payload)
 
-    def _commit(self, directory: str, step: int, kind: str) -> None:
-        """Every rank wrote its files: each node's mark, then staged (collective)."""
+    def _commit(
+        self, directory: str, step: int, kind: str, dcp_own: Optional[FrozenSet[str]] = None
+    ) -> None:
+        """Every rank wrote its files: each node's mark, then staged (collective).
+
+        ``dcp_own``: a sharded loop's DCP files only their writer reads (``nodelocal``);
+        None for a loop that is not sharded, whose files stay unmarked.
+        """
         assert self.run is not None
         dist.barrier()
         ranks = dist.ranks()
         if ranks["local_rank"] == 0:
             loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
-        self.run.stage(directory, step, kind)
+        local = None if dcp_own is None else nodelocal.marker(dcp_own)
+        self.run.stage(directory, step, kind, local)
 
-    def _commit_periodic(self, directory: str, step: int) -> None:
-        self._commit(directory, step, KIND_PERIODIC)
+    def _commit_periodic(self, directory: str, step: int, dcp_own: FrozenSet[str]) -> None:
+        self._commit(directory, step, KIND_PERIODIC, dcp_own)
 
     def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
         assert self.run is not None
@@ -548,9 +555,10 @@ class PlainLoop:
         step = self.step
         directory = self.run.checkpoint_path(step)
         self._write_rank_file(directory, position, objects)
+        dcp_own = None
         if self.sharded:
-            shardedstate.save(directory, objects.modules[0], objects.optimizers)
-        self._commit(directory, step, KIND_JIT)
+            dcp_own = shardedstate.save(directory, objects.modules[0], objects.optimizers)
+        self._commit(directory, step, KIND_JIT, dcp_own)
         dataloaders.TRACKER.shutdown_workers()
         self.run.exit_after_jit(step, 0, self.epoch)
 

@@ -4,7 +4,9 @@ With ``save-steps: N`` such a loop gets a checkpoint every N optimizer
 steps, at the same save point as a JIT one (the loop's next batch request)
 and in the same format (``shardedstate``, ``state``). The small rank file is
 written at once; the module's and optimizers' shards go through DCP's
-``async_save`` and are staged once every rank wrote them (``shardedwrites``).
+``async_save`` (each item several ranks hold written by the lowest, as the
+JIT save does: ``nodelocal``) and are staged once every rank wrote them
+(``shardedwrites``), with the files only their node reads marked.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from typing import Any, List
 
 from ...shardedwrites import ShardedWrites
-from . import shardedstate
+from . import nodelocal, shardedstate
 
 
 class PeriodicSaves(ShardedWrites):
@@ -33,9 +35,14 @@ class PeriodicSaves(ShardedWrites):
         group = self.group()
         with shardedstate.Busy():
             model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, "optim": optim_state}
         future = dcp.async_save(
-            {"model": model_state, "optim": optim_state},
+            state,
             checkpoint_id=shardedstate.path(directory),
             process_group=group,
+            planner=nodelocal.planner(),
         )
-        self.started(directory, step, future)
+        sharded = nodelocal.only_sharded(state)
+        self.started(
+            directory, step, future, lambda written: nodelocal.dcp_marks(written, sharded)
+        )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional
 
 DCP_DIR = os.path.join("loop-state", "dcp")
 # Module packages whose state is sharded across ranks.
@@ -119,14 +119,20 @@ def optimizer_entry(optimizer: Any) -> Dict[str, Any]:
     return {"class": type(optimizer).__name__, "state": {"param_groups": groups}}
 
 
-def save(directory: str, model: Any, optimizers: List[Any]) -> None:
-    """Every rank's shards of ``model`` and ``optimizers`` (collective: every rank calls it)."""
+def save(directory: str, model: Any, optimizers: List[Any]) -> FrozenSet[str]:
+    """Every rank's shards of ``model`` and ``optimizers`` (collective: every rank calls it);
+    the DCP files only their writer reads back on the same layout (``nodelocal``)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from . import nodelocal
+
     with Busy():
         model_state, optim_state = get_state_dict(model, optimizers)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path(directory))
+    state = {"model": model_state, "optim": optim_state}
+    sharded = nodelocal.only_sharded(state)
+    metadata = dcp.save(state, checkpoint_id=path(directory), planner=nodelocal.planner())
+    return nodelocal.dcp_marks(metadata, sharded)
 
 
 def load(directory: str, model: Any, optimizers: List[Any]) -> Dict[str, Any]:
@@ -134,15 +140,27 @@ def load(directory: str, model: Any, optimizers: List[Any]) -> Dict[str, Any]:
 
     DCP reshards on load: each rank reads the parts of every saved shard that
     fall in its own, whatever the number of ranks that wrote them. A read that
-    fails leaves the live module and optimizers untouched.
+    fails leaves the live module and optimizers untouched, and fails on every rank
+    (DCP gathers each rank's error): a ``RuntimeError`` here, as DCP's own
+    ``CheckpointException`` is a ``BaseException`` that no ``except Exception`` of
+    the loop would catch (a file missing on one node then ended the process instead
+    of starting over).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     with Busy():
         model_state, optim_state = get_state_dict(model, optimizers)
     loaded = {"model": copy.deepcopy(model_state), "optim": copy.deepcopy(optim_state)}
-    dcp.load(loaded, checkpoint_id=path(directory))
+    try:
+        dcp.load(loaded, checkpoint_id=path(directory))
+    except CheckpointException as exc:
+        first = next(iter(exc.failures.values()), exc)
+        raise RuntimeError(
+            "DCP's read failed on ranks %s (%s: %s)"
+            % (sorted(exc.failures), type(first).__name__, first)
+        ) from None
     return loaded
 
 
