@@ -43,6 +43,4 @@ class PeriodicSaves(ShardedWrites):
             planner=nodelocal.planner(),
         )
         sharded = nodelocal.only_sharded(state)
-        self.started(
-            directory, step, future, lambda written: nodelocal.dcp_marks(written, sharded)
-        )
+        self.started(directory, step, future, lambda written: nodelocal.dcp_marks(written, sharded))
