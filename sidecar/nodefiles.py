@@ -15,7 +15,9 @@ this sidecar does not know) downloads every node's files, as a resharded
 restore does. A mark that is wrong, or a node whose trainer ends up with
 other ranks (a rendezvous that orders nodes by arrival), costs a resume,
 never a wrong one: the shim's resume checks find the missing file on every
-rank and start over (DESIGN 5).
+rank and start over (DESIGN 5). The webhook gives the sidecar its processes
+per node only where torchrun's rendezvous is the static one, so a rendezvous
+that orders nodes by arrival (c10d, etcd) always downloads everything.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 RANK_ENV_NAMES = {PYTORCHJOB: ("PET_NODE_RANK", "RANK"), TRAINJOB: ("PET_NODE_RANK",)}
 NNODES_ENV_NAMES = {PYTORCHJOB: ("PET_NNODES", "WORLD_SIZE"), TRAINJOB: ("PET_NNODES",)}
 NPROC_ENV_NAME = "PET_NPROC_PER_NODE"  # both controllers set it
+# torchrun's rendezvous backend, in the env the controllers set or on its command line.
+RDZV_ENV_NAME = "PET_RDZV_BACKEND"
+_RDZV_FLAG = re.compile(r"--rdzv[-_]backend(?:=|\s+)[\"']?([^\s\"']*)")
 
 _INTEGER = re.compile(r"[0-9]{1,9}")  # ASCII digits only: "²".isdigit() is True
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -231,7 +234,32 @@ def detect(pod: dict[str, Any]) -> TrainerPod | UnknownNodes | NotTrainer:
     if problem is not None:
         return UnknownNodes(kind, job, f"container {container!r}: {problem}")
     nproc = _node_env(trainer, (NPROC_ENV_NAME,))
-    return TrainerPod(kind, job, index, rank, nnodes, nproc if isinstance(nproc, dict) else None)
+    if not isinstance(nproc, dict) or _dynamic_rendezvous(trainer):
+        nproc = None
+    return TrainerPod(kind, job, index, rank, nnodes, nproc)
+
+
+def _dynamic_rendezvous(container: dict[str, Any]) -> bool:
+    """Whether torchrun may use a rendezvous other than the static one (c10d, etcd).
+
+    Those order the nodes as they arrive, so a pod can get other ranks after a
+    restart than the ones that wrote its files: its layout is then left unknown
+    to the sidecar, which downloads every node's files (``sidecar/nodefiles.py``).
+    """
+    env = container.get("env")
+    entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
+    for entry in entries:
+        backend = entry.get("valueFrom") or entry.get("value", "")
+        if entry.get("name") == RDZV_ENV_NAME and backend not in ("", "static"):
+            return True
+    words = [
+        word
+        for key in ("command", "args")
+        if isinstance(container.get(key), list)
+        for word in container[key]
+        if isinstance(word, str)
+    ]
+    return any(found != "static" for found in _RDZV_FLAG.findall(" ".join(words)))
 
 
 def _field_ref(path: str) -> EnvSource:

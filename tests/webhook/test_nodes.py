@@ -74,3 +74,39 @@ def test_known_nodes_are_copied_as_written() -> None:
     sidecar = _sidecar_env(result)
     assert sidecar["JITCKPT_NNODES"] == {"name": "JITCKPT_NNODES", "value": "3"}
     assert sidecar["JITCKPT_NODE_RANK"] == {"name": "JITCKPT_NODE_RANK", "valueFrom": ref}
+
+
+def _pytorchjob_worker(**container: Any) -> dict[str, Any]:
+    env = [
+        _value("PET_NNODES", "2"),
+        _value("PET_NODE_RANK", "1"),
+        _value("PET_NPROC_PER_NODE", "4"),
+    ]
+    pod = _with_env("pytorchjob-worker", env + container.pop("env", []))
+    pod["spec"]["containers"][0].update(container)
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("container", "copied"),
+    [
+        ({}, True),
+        ({"env": [_value("PET_RDZV_BACKEND", "static")]}, True),
+        ({"command": ["torchrun", "--rdzv-backend=static", "train.py"]}, True),
+        ({"env": [_value("PET_RDZV_BACKEND", "c10d")]}, False),
+        ({"command": ["torchrun", "--rdzv_backend", "c10d", "train.py"]}, False),
+        ({"command": ["bash", "-c"], "args": ["torchrun --rdzv-backend='etcd' train.py"]}, False),
+    ],
+)
+def test_processes_per_node_reach_the_sidecar_only_with_a_static_rendezvous(
+    container: dict[str, Any], copied: bool
+) -> None:
+    """A rendezvous that orders nodes by arrival can give a pod other ranks after a
+    restart: its sidecar must not take only its own node's files then."""
+    case = CASES["pytorchjob-worker"]
+    result = mutate(_pytorchjob_worker(**container), case.namespace, case.config)
+    assert result.injected, result.message
+    sidecar = _sidecar_env(result)
+    assert ("JITCKPT_NPROC_PER_NODE" in sidecar) is copied
+    if copied:
+        assert sidecar["JITCKPT_NPROC_PER_NODE"]["value"] == "4"
