@@ -345,11 +345,13 @@ class Snapshot:
                 _COPIED_FROM.pop(copied.data_ptr(), None)
         self.copies = {}
 
-    def write_in_process(self, function: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    def write_in_process(
+        self, function: Callable[..., Any], args: Any, kwargs: Any, cancel: threading.Event
+    ) -> None:
         """The writer process makes ``function(*args, **kwargs)`` on this snapshot."""
         assert self.arena is not None and self.writer is not None
         data = writerproc.payload(args, kwargs, self.offsets, storage_key)
-        self.writer.call(function, data, self.arena)
+        self.writer.call(function, data, self.arena, cancel)
 
     def ready(self) -> None:
         """Block until the device-to-host copies are done (the writer calls it first)."""
@@ -405,7 +407,11 @@ class SaveJob:
                 if copies is None:
                     function(*live_args, **live_kwargs)
                 elif copies.arena is not None:
-                    copies.write_in_process(function, live_args, live_kwargs)
+                    try:
+                        copies.write_in_process(function, live_args, live_kwargs, self.cancel)
+                    except writerproc.Cancelled:
+                        self.state = _FAILED
+                        return
                     copies.release()  # its shared memory, at once
                 else:
                     function(*copies.rebuild(live_args), **copies.rebuild(live_kwargs))
@@ -552,6 +558,7 @@ class BackgroundSaves:
                 return None
             return self._defer_write(job, original, args, kwargs, binding.writer)
 
+        writecall.mark_passthrough(deferred, original)
         return deferred
 
     def _defer_write(

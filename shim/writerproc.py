@@ -37,6 +37,7 @@ import io
 import mmap
 import os
 import pickle
+import select
 import signal
 import socket
 import struct
@@ -45,6 +46,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import writecall
 from .log import say_once
 
 ENV_WRITER = "JITCKPT_WRITER"
@@ -52,6 +54,8 @@ _ENV_DIR = "JITCKPT_DIR"  # what activates the shim (sitecustomize): not in the 
 _ALIGN = 64
 _HEADER = struct.Struct("!Q")
 _PR_SET_PDEATHSIG = 1
+# How often a write the trainer waits for looks whether a JIT save cancelled it.
+_CANCEL_POLL_SECONDS = 0.05
 # The writer died this many times: the thread writes from then on.
 _MAX_DEATHS = 2
 _BOOT = (
@@ -64,6 +68,10 @@ _BOOT = (
     "spec.loader.exec_module(package)\n"
     "importlib.import_module(name + '.writerproc').child_main()\n"
 )
+
+
+class Cancelled(Exception):
+    """The write was stopped for a JIT save (the writer process was ended)."""
 
 
 class WriterDied(Exception):
@@ -137,23 +145,26 @@ def copy_into(arena: Arena, storage: Any) -> Tuple[int, Any]:
 
 
 def function_name(function: Callable[..., Any]) -> Optional[Tuple[str, str]]:
-    """(module, qualified name) that find ``function`` again, or None (a closure, a wrapper)."""
+    """(module, qualified name) that find ``function`` again, or None (a closure, a user's
+    wrapper). The shim's own wrappers are looked through (``writecall.PASSTHROUGH``)."""
+    function = writecall.unwrapped(function)
     module, qualname = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
     if not isinstance(module, str) or "<" in qualname:
         return None
     try:
-        return (module, qualname) if _resolve(module, qualname) is function else None
+        return (module, qualname) if resolve(module, qualname) is function else None
     except Exception:
         return None
 
 
-def _resolve(module: str, qualname: str) -> Any:
+def resolve(module: str, qualname: str) -> Any:
+    """The function ``function_name`` named (in the writer, where no wrapper is installed)."""
     import importlib
 
     found: Any = importlib.import_module(module)
     for part in qualname.split("."):
         found = getattr(found, part)
-    return found
+    return writecall.unwrapped(found)
 
 
 def payload(args: Any, kwargs: Any, offsets: Dict[Any, int], key: Callable[[Any], Any]) -> bytes:
@@ -301,9 +312,13 @@ class WriterProcess:
             % self._process.pid,
         )
 
-    def call(self, function: Callable[..., Any], data: bytes, arena: Arena) -> None:
+    def call(
+        self, function: Callable[..., Any], data: bytes, arena: Arena, cancel: threading.Event
+    ) -> None:
         """Have the writer make ``function(*args, **kwargs)`` (``data``, on ``arena``);
-        raises the writer's error, or ``WriterDied``."""
+        raises the writer's error, or ``WriterDied``. ``cancel`` set (a JIT save is next):
+        the writer is stopped mid-file (its partial checkpoint is dropped) rather than
+        waited for, and started again at the next background save (``Cancelled``)."""
         name = function_name(function)
         if name is None:
             raise ValueError("%r cannot be found again in the writer process" % (function,))
@@ -313,6 +328,10 @@ class WriterProcess:
                 raise WriterDied("the writer process is not running")
             try:
                 _send(sock, {"call": name, "data": data, "size": arena.size}, [arena.fd])
+                while not select.select([sock], [], [], _CANCEL_POLL_SECONDS)[0]:
+                    if cancel.is_set():
+                        self._drop()
+                        raise Cancelled("a JIT save is next")
                 answer, _ = _recv(sock)
             except (OSError, EOFError) as exc:
                 self.deaths += 1
@@ -405,7 +424,7 @@ def child_main() -> None:
 
 def _serve(request: Dict[str, Any], fds: List[int]) -> Dict[str, Any]:
     module, qualname = request["call"]
-    function = _resolve(module, qualname)
+    function = resolve(module, qualname)
     mapped = mmap.mmap(fds[0], int(request["size"]))
     try:
         args, kwargs = _rebuild(request["data"], mapped)
