@@ -624,6 +624,8 @@ class BackgroundSaves:
         process = writerproc.shared()
         if process is None or not process.ensure_started():
             return Snapshot()
+        if writerproc.mode() == writerproc.AUTO and not process.ready():
+            return Snapshot()  # still starting: this save's writes are the thread's
         size = sum(writerproc.aligned(s.nbytes()) for s in storages.values())
         try:
             arena = writerproc.Arena(size)

@@ -50,6 +50,7 @@ from . import writecall
 from .log import say_once
 
 ENV_WRITER = "JITCKPT_WRITER"
+AUTO, PROCESS, THREAD = "auto", "process", "thread"
 _ENV_DIR = "JITCKPT_DIR"  # what activates the shim (sitecustomize): not in the writer
 _ALIGN = 64
 _HEADER = struct.Struct("!Q")
@@ -78,8 +79,17 @@ class WriterDied(Exception):
     """The writer process is gone (killed, out of memory): the file it wrote is not whole."""
 
 
-def wanted() -> bool:
-    return os.environ.get(ENV_WRITER, "").strip().lower() != "thread"
+def mode() -> str:
+    """``JITCKPT_WRITER``: ``auto`` (the default: the writer process once it has started,
+    the thread until then), ``process`` (the writer process from the first save, which
+    then waits for it to start) or ``thread``."""
+    raw = os.environ.get(ENV_WRITER, "").strip().lower()
+    if raw in (AUTO, PROCESS, THREAD):
+        return raw
+    if raw:
+        message = "ignoring %s=%r: not auto, process or thread" % (ENV_WRITER, raw)
+        say_once("env:" + ENV_WRITER, message)
+    return AUTO
 
 
 # -- the snapshot in shared memory ------------------------------------------------
@@ -259,10 +269,33 @@ class WriterProcess:
         self._socket: Optional[socket.socket] = None
         self._lock = threading.Lock()  # one call on the socket at a time
         self.deaths = 0
+        self._ready = False  # the writer said it imported torch
 
     @property
     def pid(self) -> Optional[int]:
         return None if self._process is None else self._process.pid
+
+    def ready(self) -> bool:
+        """Whether the writer is ready to write (its start, torch's import, is over): never
+        waits. A save before then is written by the thread (``auto``)."""
+        sock = self._socket
+        if self._ready or sock is None or not self._lock.acquire(blocking=False):
+            return self._ready
+        try:
+            if select.select([sock], [], [], 0)[0]:
+                self._take_ready(sock)
+        except (OSError, EOFError):
+            self.deaths += 1
+            self._drop()
+        finally:
+            self._lock.release()
+        return self._ready
+
+    def _take_ready(self, sock: socket.socket) -> None:
+        message, _ = _recv(sock)
+        if not message.get("ready"):
+            raise EOFError
+        self._ready = True
 
     def usable(self) -> bool:
         return self.deaths < _MAX_DEATHS
@@ -327,11 +360,11 @@ class WriterProcess:
             if sock is None:
                 raise WriterDied("the writer process is not running")
             try:
+                if not self._ready:  # ``process``: the first write waits for the start
+                    self._wait_readable(sock, cancel)
+                    self._take_ready(sock)
                 _send(sock, {"call": name, "data": data, "size": arena.size}, [arena.fd])
-                while not select.select([sock], [], [], _CANCEL_POLL_SECONDS)[0]:
-                    if cancel.is_set():
-                        self._drop()
-                        raise Cancelled("a JIT save is next")
+                self._wait_readable(sock, cancel)
                 answer, _ = _recv(sock)
             except (OSError, EOFError) as exc:
                 self.deaths += 1
@@ -340,7 +373,14 @@ class WriterProcess:
         if answer.get("error"):
             raise RuntimeError("in the writer process: %s" % answer["error"])
 
+    def _wait_readable(self, sock: socket.socket, cancel: threading.Event) -> None:
+        while not select.select([sock], [], [], _CANCEL_POLL_SECONDS)[0]:
+            if cancel.is_set():
+                self._drop()
+                raise Cancelled("a JIT save is next")
+
     def _drop(self) -> None:
+        self._ready = False
         if self._socket is not None:
             self._socket.close()
             self._socket = None
@@ -357,7 +397,7 @@ _SHARED: List[WriterProcess] = []
 
 def shared() -> Optional[WriterProcess]:
     """This process's writer (not started yet), or None where the thread writes."""
-    if not wanted() or not hasattr(os, "memfd_create") or not hasattr(socket, "send_fds"):
+    if mode() == THREAD or not hasattr(os, "memfd_create") or not hasattr(socket, "send_fds"):
         return None
     if not _SHARED:
         _SHARED.append(WriterProcess())
@@ -403,6 +443,10 @@ def child_main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    try:
+        _send(sock, {"ready": True}, [])
+    except OSError:
+        return
     while True:
         try:
             request, fds = _recv(sock)

@@ -23,13 +23,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from shim import asyncsave
+from shim import asyncsave, writerproc
 from shim.layout import ENV_DEMO_HOLD_AT_STEP
 from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, Proc, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_trainer import assert_same_weights
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
 
+# Every background save by the writer process, the first one included (it waits for the
+# process to start; by default the thread writes until it has).
+BY_PROCESS = {writerproc.ENV_WRITER: writerproc.PROCESS}
 HF_FILES = {
     "config.json",
     "generation_config.json",
@@ -111,7 +114,8 @@ def test_background_save_writes_what_hf_writes_and_resumes_bitwise(
         sync.output()
     )
     background = spawn(
-        [PYTHON, *common, "--final-weights", str(tmp_path / "async.pt")], shim_env.env
+        [PYTHON, *common, "--final-weights", str(tmp_path / "async.pt")],
+        {**shim_env.env, **BY_PROCESS},
     )
     assert background.wait() == 0, background.output()
     output = background.output()
@@ -225,7 +229,7 @@ def test_a_writer_killed_mid_write_stages_nothing_and_is_never_resumed(
     out = tmp_path / "out"
     common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
     fifo = _plant_fifo(shim_env.checkpoints, 8)
-    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], shim_env.env)
+    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], {**shim_env.env, **BY_PROCESS})
     run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=120)
     run.wait_for("rank 0 step 9/", timeout=120)  # checkpoint-8's writer is stuck in open()
     writer = writer_pid(run.output())
@@ -261,7 +265,7 @@ def test_a_killed_writer_process_stages_nothing_and_the_next_save_is_written(
     out = tmp_path / "out"
     common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
     fifo = _plant_fifo(shim_env.checkpoints, 8, "model.safetensors")
-    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], shim_env.env)
+    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], {**shim_env.env, **BY_PROCESS})
     run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=120)
     writer = writer_pid(run.output())
     run.wait_for("rank 0 step 9/", timeout=120)
@@ -336,11 +340,12 @@ def _mapped_snapshots(pid: int) -> int:
 
 
 def test_the_writer_process_writes_torch_save_bytes_and_unmaps_the_snapshot(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In process: ``torch.save`` deferred to the writer process writes the bytes it writes
     here; while the write is held by the slow disk the snapshot is mapped on both sides,
     once written on neither."""
+    monkeypatch.setenv(writerproc.ENV_WRITER, writerproc.PROCESS)
     saves = asyncsave.BackgroundSaves("test")
     saves.intercept(torch, "save")
     live = {"weight": torch.arange(1 << 18, dtype=torch.float32), "step": 1}
@@ -352,7 +357,7 @@ def test_the_writer_process_writes_torch_save_bytes_and_unmaps_the_snapshot(
     expected = io.BytesIO()
     torch.save(live, expected)  # a buffer: written at once, here
     live["weight"].add_(1.0)  # training goes on: the snapshot keeps the saved values
-    [writer] = asyncsave.writerproc._SHARED
+    [writer] = writerproc._SHARED
     assert writer.pid is not None
     deadline = time.monotonic() + 120
     while _mapped_snapshots(writer.pid) == 0 and time.monotonic() < deadline:
