@@ -348,15 +348,15 @@ def test_the_writer_process_writes_torch_save_bytes_and_unmaps_the_snapshot(
     monkeypatch.setenv(writerproc.ENV_WRITER, writerproc.PROCESS)
     saves = asyncsave.BackgroundSaves("test")
     saves.intercept(torch, "save")
-    live = {"weight": torch.arange(1 << 18, dtype=torch.float32), "step": 1}
-    live["view"] = live["weight"][10:20]
+    weight = torch.arange(1 << 18, dtype=torch.float32)
+    live = {"weight": weight, "view": weight[10:20], "step": 1}
     fifo = _plant_fifo(tmp_path, 1, "weights.pt")
     saves.save(str(tmp_path / "checkpoint-1"), 1, lambda: torch.save(live, fifo))
     job = saves._job
     assert job is not None and job.by_process
     expected = io.BytesIO()
     torch.save(live, expected)  # a buffer: written at once, here
-    live["weight"].add_(1.0)  # training goes on: the snapshot keeps the saved values
+    weight.add_(1.0)  # training goes on: the snapshot keeps the saved values
     [writer] = writerproc._SHARED
     assert writer.pid is not None
     deadline = time.monotonic() + 120
