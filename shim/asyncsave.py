@@ -38,7 +38,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from . import dist, writecall
+from . import dist, writecall, writerproc
 from .log import failed, say, say_once
 
 ENV_ASYNC_SAVE = "JITCKPT_ASYNC_SAVE"
@@ -250,11 +250,26 @@ class Snapshot:
     that copy (``_before_optimizer_step``). The others are copied at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        arena: Optional[writerproc.Arena] = None,
+        writer: Optional[writerproc.WriterProcess] = None,
+    ) -> None:
         self.copies: Dict[Any, Any] = {}
         self.later: Dict[Any, Any] = {}
         self.nbytes = 0  # of every copy made or planned
         self.event: Any = None  # a CUDA event after the device-to-host copies, when any
+        # In shared memory for the writer process (CPU storages only), or None: in this
+        # process's memory for the writer thread.
+        self.arena = arena
+        self.writer = writer
+        self.offsets: Dict[Any, int] = {}  # storage key -> its copy's offset in the arena
+
+    def _copy(self, key: Any, storage: Any) -> Any:
+        if self.arena is None:
+            return storage.clone()
+        self.offsets[key], copied = writerproc.copy_into(self.arena, storage)
+        return copied
 
     def plan(self, storages: Dict[Any, Any]) -> None:
         """Copy these in the writer thread, before the next optimizer step."""
@@ -266,7 +281,7 @@ class Snapshot:
     def take_later(self) -> None:
         """The writer thread: the copies planned for now."""
         for key, storage in self.later.items():
-            self.copies[key] = storage.clone()
+            self.copies[key] = self._copy(key, storage)
         self.later = {}
 
     def take(self, storages: Dict[Any, Any]) -> None:
@@ -283,7 +298,7 @@ class Snapshot:
                 copied.copy_(storage, non_blocking=True)
                 _register_copy(copied, storage.device)
             else:
-                copied = storage.clone()
+                copied = self._copy(key, storage)
             self.copies[key] = copied
             self.nbytes += storage.nbytes()
         if on_gpu:
@@ -321,10 +336,22 @@ class Snapshot:
 
     def release(self) -> None:
         """The copies are written: forget which device they came from (their memory goes)."""
+        if self.arena is not None:  # copies of CPU storages, as uint8 tensors on the arena
+            self.copies = {}
+            self.arena.close()
+            return
         for copied in self.copies.values():
             if copied.device.type == "cpu" and copied.nbytes() > 0:
                 _COPIED_FROM.pop(copied.data_ptr(), None)
         self.copies = {}
+
+    def write_in_process(
+        self, function: Callable[..., Any], args: Any, kwargs: Any, cancel: threading.Event
+    ) -> None:
+        """The writer process makes ``function(*args, **kwargs)`` on this snapshot."""
+        assert self.arena is not None and self.writer is not None
+        data = writerproc.payload(args, kwargs, self.offsets, storage_key)
+        self.writer.call(function, data, self.arena, cancel)
 
     def ready(self) -> None:
         """Block until the device-to-host copies are done (the writer calls it first)."""
@@ -353,6 +380,11 @@ class SaveJob:
         self.done = threading.Event()
 
     @property
+    def by_process(self) -> bool:
+        """Whether the writer process writes any of its files."""
+        return any(s.arena is not None for s in self.snapshots)
+
+    @property
     def snapshot_bytes(self) -> int:
         return sum(s.nbytes for s in self.snapshots)
 
@@ -374,6 +406,13 @@ class SaveJob:
                     return
                 if copies is None:
                     function(*live_args, **live_kwargs)
+                elif copies.arena is not None:
+                    try:
+                        copies.write_in_process(function, live_args, live_kwargs, self.cancel)
+                    except writerproc.Cancelled:
+                        self.state = _FAILED
+                        return
+                    copies.release()  # its shared memory, at once
                 else:
                     function(*copies.rebuild(live_args), **copies.rebuild(live_kwargs))
             self.state = _WRITTEN
@@ -519,6 +558,7 @@ class BackgroundSaves:
                 return None
             return self._defer_write(job, original, args, kwargs, binding.writer)
 
+        writecall.mark_passthrough(deferred, original)
         return deferred
 
     def _defer_write(
@@ -555,8 +595,8 @@ class BackgroundSaves:
             )
             return original(*args, **kwargs)
         started = time.monotonic()
+        snapshot = self._snapshot(writer or original, storages)
         try:
-            snapshot = Snapshot()
             later = {
                 key: storage
                 for key, storage in storages.items()
@@ -566,6 +606,7 @@ class BackgroundSaves:
             snapshot.take({k: v for k, v in storages.items() if k not in later})
             call: Call = (writer or original, _containers(args), _containers(kwargs), snapshot)
         except Exception as exc:  # out of (pinned) memory, say: this file is written now
+            snapshot.release()
             failed("snapshotting %s" % target, exc)
             return original(*args, **kwargs)
         job.snapshots.append(snapshot)
@@ -573,22 +614,44 @@ class BackgroundSaves:
         job.copy_seconds += time.monotonic() - started
         return None
 
+    def _snapshot(self, function: Callable[..., Any], storages: Dict[Any, Any]) -> Snapshot:
+        """A snapshot in shared memory for the writer process where it can write this call
+        (CPU storages, a function it can find again), else in this process's memory."""
+        if not all(s.device.type == "cpu" for s in storages.values()):
+            return Snapshot()
+        if writerproc.function_name(function) is None:
+            return Snapshot()
+        process = writerproc.shared()
+        if process is None or not process.ensure_started():
+            return Snapshot()
+        if writerproc.mode() == writerproc.AUTO and not process.ready():
+            return Snapshot()  # still starting: this save's writes are the thread's
+        size = sum(writerproc.aligned(s.nbytes()) for s in storages.values())
+        try:
+            arena = writerproc.Arena(size)
+        except Exception as exc:  # no memfd, out of memory: this process's memory
+            failed("shared memory for the checkpoint writer process", exc)
+            return Snapshot()
+        return Snapshot(arena, process)
+
     def _write(self, job: SaveJob) -> None:
-        snapshot_bytes = job.snapshot_bytes
+        snapshot_bytes, by_process = job.snapshot_bytes, job.by_process
         job.write()
         self.held_bytes = 0
         _ACTIVE.discard(self)
         if job.state == _WRITTEN:
             say(
-                "checkpoint-%d written behind the training loop: a %.1f MB snapshot in host "
-                "memory (%.3f s of copies at the step boundary, %.3f s before the next "
-                "optimizer step; released after a %.2f s write)"
+                "checkpoint-%d written behind the training loop: a %.1f MB snapshot in %s "
+                "(%.3f s of copies at the step boundary, %.3f s before the next "
+                "optimizer step; released after a %.2f s write%s)"
                 % (
                     job.step,
                     snapshot_bytes / MB,
+                    "shared memory" if by_process else "host memory",
                     job.copy_seconds,
                     job.later_seconds,
                     job.write_seconds,
+                    " by the writer process" if by_process else "",
                 )
             )
         elif job.error is not None:

@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from . import claim, dist, final
+from . import claim, dist, final, writecall
 from .config import ShimConfig
 from .layout import step_of
 from .log import failed
@@ -114,7 +114,7 @@ def _wrap_torch_save(torch: Any, saves: FinalSaves) -> None:
         return result
 
     save.__doc__ = original.__doc__
-    save.__wrapped__ = original  # type: ignore[attr-defined]
+    writecall.mark_passthrough(save, original)
     torch.save = save
 
 

@@ -7,7 +7,12 @@ background saver and the JIT stream both need to know it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Tuple
+from typing import Any, Callable, Mapping, Tuple
+
+# Set on the shim's own wrappers of a write function, whose ``__wrapped__`` writes the same
+# file and whose own work does not apply to a checkpoint written in the background (the
+# final-model recorder, the capture's deferral): the writer process calls what they wrap.
+PASSTHROUGH = "_jitckpt_passthrough"
 
 
 def target(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -15,3 +20,16 @@ def target(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     if len(args) > 1:
         return args[1]
     return kwargs.get("f", kwargs.get("filename"))
+
+
+def mark_passthrough(wrapper: Callable[..., Any], wrapped: Callable[..., Any]) -> None:
+    """``wrapper`` (the shim's) writes what ``wrapped`` writes (``PASSTHROUGH``)."""
+    wrapper.__wrapped__ = wrapped  # type: ignore[attr-defined]
+    setattr(wrapper, PASSTHROUGH, True)
+
+
+def unwrapped(function: Any) -> Any:
+    """``function`` without the shim's passthrough wrappers."""
+    while getattr(function, PASSTHROUGH, False):
+        function = function.__wrapped__
+    return function

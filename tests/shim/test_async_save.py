@@ -13,21 +13,26 @@ from __future__ import annotations
 import gc
 import io
 import os
+import re
 import signal
 import threading
+import time
 import weakref
 from pathlib import Path
 
 import pytest
 import torch
 
-from shim import asyncsave
+from shim import asyncsave, writerproc
 from shim.layout import ENV_DEMO_HOLD_AT_STEP
 from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, Proc, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_trainer import assert_same_weights
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
 
+# Every background save by the writer process, the first one included (it waits for the
+# process to start; by default the thread writes until it has).
+BY_PROCESS = {writerproc.ENV_WRITER: writerproc.PROCESS}
 HF_FILES = {
     "config.json",
     "generation_config.json",
@@ -55,6 +60,37 @@ def _drain_fifo(path: Path, into: list[bytes] | None = None) -> threading.Thread
     return thread
 
 
+def writer_pid(output: str) -> int:
+    """The pid of the writer process the shim said it started (the first one)."""
+    match = re.search(r"written by the writer process (\d+)", output)
+    assert match, output[-3000:]
+    return int(match.group(1))
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether process ``pid`` ended (or is a zombie) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _assert_not_a_trainer(pid: int, shim_env: ShimEnv) -> None:
+    """The writer process runs without the shim: no pid file for the preStop hook, no
+    ``JITCKPT_DIR`` (sitecustomize stays inactive), none of the trainer's descriptors."""
+    assert not (shim_env.pids / f"{pid}.pid").exists()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert not [entry for entry in environ if entry.startswith(b"JITCKPT_DIR=")]
+    sockets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    assert len([s for s in sockets if s.startswith("socket:")]) == 1, sockets  # its own
+
+
 def _plant_fifo(checkpoints: Path, step: int, name: str = "trainer_state.json") -> Path:
     directory = checkpoints / f"checkpoint-{step}"
     directory.mkdir(parents=True)
@@ -78,13 +114,18 @@ def test_background_save_writes_what_hf_writes_and_resumes_bitwise(
         sync.output()
     )
     background = spawn(
-        [PYTHON, *common, "--final-weights", str(tmp_path / "async.pt")], shim_env.env
+        [PYTHON, *common, "--final-weights", str(tmp_path / "async.pt")],
+        {**shim_env.env, **BY_PROCESS},
     )
     assert background.wait() == 0, background.output()
     output = background.output()
     assert "periodic checkpoints are written behind the training loop" in output
     for step in (3, 6, 9):
         assert f"checkpoint-{step} written behind the training loop" in output
+    # The weights and the optimizer state were serialized by the writer process, which
+    # ended with its trainer.
+    assert output.count("s write by the writer process)") == 3, output
+    assert _gone(writer_pid(output))
     assert checkpoint_steps(shim_env.checkpoints) == [3, 6, 9]
     # Byte for byte what HF's synchronous save wrote, file by file.
     for step in (3, 6, 9):
@@ -188,11 +229,15 @@ def test_a_writer_killed_mid_write_stages_nothing_and_is_never_resumed(
     out = tmp_path / "out"
     common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
     fifo = _plant_fifo(shim_env.checkpoints, 8)
-    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], shim_env.env)
+    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], {**shim_env.env, **BY_PROCESS})
     run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=120)
     run.wait_for("rank 0 step 9/", timeout=120)  # checkpoint-8's writer is stuck in open()
+    writer = writer_pid(run.output())
+    _assert_not_a_trainer(writer, shim_env)
+    assert (shim_env.pids / f"{run.pid}.pid").exists()
     run.signal(signal.SIGKILL)
     run.wait()
+    assert _gone(writer)  # the writer process does not outlive its trainer
     output = run.output()
     assert "checkpoint-8" not in "".join(
         line for line in output.splitlines() if "handed to the sidecar" in line
@@ -209,6 +254,35 @@ def test_a_writer_killed_mid_write_stages_nothing_and_is_never_resumed(
     again = spawn([PYTHON, *common, "--final-weights", str(tmp_path / "again.pt")], shim_env.env)
     assert again.wait() == 0, again.output()
     assert f"resuming from {shim_env.checkpoints}/checkpoint-4" in again.output()
+
+
+@pytest.mark.slow
+def test_a_killed_writer_process_stages_nothing_and_the_next_save_is_written(
+    shim_env: ShimEnv, agent: AgentProcess, local_s3: object, spawn: Spawn, tmp_path: Path
+) -> None:
+    """The writer process is killed while it writes checkpoint-8's weights (stuck opening
+    them on the slow disk): 8 is dropped, never staged; a new writer process writes 12."""
+    out = tmp_path / "out"
+    common = [*TRAIN_TINY, "--output-dir", str(out), "--max-steps", "12", "--save-steps", "4"]
+    fifo = _plant_fifo(shim_env.checkpoints, 8, "model.safetensors")
+    run = spawn([PYTHON, *common, "--step-sleep", "0.3"], {**shim_env.env, **BY_PROCESS})
+    run.wait_for("periodic checkpoint-4 handed to the sidecar", timeout=120)
+    writer = writer_pid(run.output())
+    run.wait_for("rank 0 step 9/", timeout=120)
+    assert fifo.exists() and not _gone(writer, 0)
+    os.kill(writer, signal.SIGKILL)
+    assert run.wait(timeout=300) == 0, run.output()
+    output = run.output()
+    assert "writing checkpoint-8 in the background failed (WriterDied" in output
+    assert "checkpoint-8 was not written on every rank: not staged" in output
+    assert "periodic checkpoint-8 handed" not in output
+    assert "periodic checkpoint-12 handed to the sidecar" in output
+    assert re.search(r"checkpoint-12 written .* by the writer process\)", output)
+    assert output.count("are serialized and written by the writer process") == 2  # restarted
+    assert 8 not in checkpoint_steps(shim_env.checkpoints)
+    agent.wait_for(lambda: agent.committed_step() == 12, 60, "checkpoint-12 committed")
+    assert "accepted checkpoint-8" not in agent.log()
+    assert set(uploaded(local_s3, agent.destination)) == {4, 12}  # type: ignore[arg-type]
 
 
 class Disk:
@@ -259,6 +333,46 @@ def test_the_snapshot_is_released_once_written(tmp_path: Path) -> None:
     staged: list[tuple[str, int]] = []
     saves.agree_and_stage(lambda path, step: staged.append((path, step)), block=True)
     assert staged == [(str(directory), 1)]
+
+
+def _mapped_snapshots(pid: int) -> int:
+    return Path(f"/proc/{pid}/maps").read_text().count("memfd:jitckpt-snapshot")
+
+
+def test_the_writer_process_writes_torch_save_bytes_and_unmaps_the_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process: ``torch.save`` deferred to the writer process writes the bytes it writes
+    here; while the write is held by the slow disk the snapshot is mapped on both sides,
+    once written on neither."""
+    monkeypatch.setenv(writerproc.ENV_WRITER, writerproc.PROCESS)
+    saves = asyncsave.BackgroundSaves("test")
+    saves.intercept(torch, "save")
+    weight = torch.arange(1 << 18, dtype=torch.float32)
+    live = {"weight": weight, "view": weight[10:20], "step": 1}
+    fifo = _plant_fifo(tmp_path, 1, "weights.pt")
+    saves.save(str(tmp_path / "checkpoint-1"), 1, lambda: torch.save(live, fifo))
+    job = saves._job
+    assert job is not None and job.by_process
+    expected = io.BytesIO()
+    torch.save(live, expected)  # a buffer: written at once, here
+    weight.add_(1.0)  # training goes on: the snapshot keeps the saved values
+    [writer] = writerproc._SHARED
+    assert writer.pid is not None
+    deadline = time.monotonic() + 120
+    while _mapped_snapshots(writer.pid) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the writer starts (imports torch), then maps the snapshot
+    assert _mapped_snapshots(os.getpid()) == 1 and _mapped_snapshots(writer.pid) == 1
+    written: list[bytes] = []
+    reader = _drain_fifo(fifo, written)
+    saves.wait()
+    reader.join(30)
+    del job
+    gc.collect()
+    # The same archive (its name inside is the file's stem, as torch.save writes it).
+    assert b"".join(written).replace(b"weights/", b"archive/") == expected.getvalue()
+    assert _mapped_snapshots(os.getpid()) == 0 and _mapped_snapshots(writer.pid) == 0
+    assert saves.held_bytes == 0
 
 
 def test_parameters_are_copied_before_the_next_optimizer_step_changes_them(
