@@ -158,6 +158,9 @@ class S3Store(Store):
             config=config,
         )
         self._client: Any = None
+        # The restore and the access probe start together, and the first of them opens
+        # the client: the other waits for it rather than entering it a second time.
+        self._opening = asyncio.Lock()
 
     @property
     def uri(self) -> str:
@@ -165,7 +168,9 @@ class S3Store(Store):
 
     async def _c(self) -> Any:
         if self._client is None:
-            self._client = await self._client_cm.__aenter__()
+            async with self._opening:
+                if self._client is None:
+                    self._client = await self._client_cm.__aenter__()
         return self._client
 
     async def close(self) -> None:
