@@ -69,10 +69,15 @@ def workload_argv(
 def wait_for_step(
     trainer: Background, timeline_path: Path, step: int, timeout: float = 600.0
 ) -> None:
-    """Block until rank 0 ended `step`; fail if the trainer died first."""
+    """Block until rank 0 ended `step` or a later one; fail if the trainer died first.
+
+    A later one: a resumed run starts past `step` when the checkpoint it resumed
+    from was written later than the stop was asked for (HF's JIT save on a fast
+    step loop), and its first step is then the one to stop after."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if step in timeline.times(timeline.read(timeline_path), "step_end"):
+        ended = timeline.times(timeline.read(timeline_path), "step_end")
+        if any(done >= step for done in ended):
             return
         process = trainer.process
         if process is not None and process.poll() is not None:
