@@ -98,15 +98,20 @@ def _container_index(pod: dict[str, Any], name: str) -> int | None:
     return None
 
 
+def _env_by_name(container: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """The container's env entries by name; the last definition wins, as in the kubelet."""
+    env = container.get("env")
+    entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
+    return {e.get("name"): e for e in entries}
+
+
 def _node_env(container: dict[str, Any], names: tuple[str, ...]) -> EnvSource | str | None:
     """The first of ``names`` the container sets: the sidecar's copy, or why it is unusable.
 
     The first name present decides: a ``PET_NNODES`` of ``1:4`` is an elastic
     range, and falling back to ``WORLD_SIZE`` would guess. None: none is set.
     """
-    env = container.get("env")
-    entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
-    by_name = {e.get("name"): e for e in entries}  # the last definition wins, as in the kubelet
+    by_name = _env_by_name(container)
     for name in names:
         entry = by_name.get(name)
         if entry is None:
@@ -246,12 +251,12 @@ def _dynamic_rendezvous(container: dict[str, Any]) -> bool:
     restart than the ones that wrote its files: its layout is then left unknown
     to the sidecar, which downloads every node's files (``sidecar/nodefiles.py``).
     """
-    env = container.get("env")
-    entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
-    for entry in entries:
-        backend = entry.get("valueFrom") or entry.get("value", "")
-        if entry.get("name") == RDZV_ENV_NAME and backend not in ("", "static"):
-            return True
+    entry = _env_by_name(container).get(RDZV_ENV_NAME)
+    if entry is not None and (entry.get("valueFrom") or entry.get("value", "")) not in (
+        "",
+        "static",
+    ):
+        return True
     words = [
         word
         for key in ("command", "args")
