@@ -2,8 +2,9 @@
 
 The same HF workload, subjects and measures as bench/stall.py and
 bench/sigterm_to_durable.py, trained on the GPU (`BENCH_DEVICE=cuda`): there
-jitckpt's snapshot goes to pinned host memory and the writer never competes
-with training for the cores. Run it on a machine with a CUDA GPU:
+jitckpt's snapshot goes to pinned host memory at the step boundary, then to the
+writer process's shared memory; the stall adds jitckpt with the writer thread
+(`JITCKPT_WRITER=thread`) beside it. Run it on a machine with a CUDA GPU:
 
     python -m bench.gpu [--quick] [--reps N]
 
@@ -40,7 +41,14 @@ GPU_SAVE_EVERY = {500 * MB: 40, 2000 * MB: 100}
 
 
 def stall_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
-    return stall.hf_case(label, state_bytes, reps, s3, GPU_SAVE_EVERY.get(state_bytes, 40))
+    return stall.hf_case(
+        label,
+        state_bytes,
+        reps,
+        s3,
+        GPU_SAVE_EVERY.get(state_bytes, 40),
+        subjects=(*stall.SUBJECTS, stall.JITCKPT_THREAD),
+    )
 
 
 def plan(options: harness.BenchOptions) -> list[tuple[CaseFn, str, int, int]]:

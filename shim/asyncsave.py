@@ -11,7 +11,8 @@ complete" file, its rotation of old checkpoints) are queued too, in order.
 Everything else the save does (config files, small state) happens at once,
 as usual. When the save returns, training goes on and one writer thread makes
 the queued calls, in the order the save made them, with the framework's own
-functions: the files are what the synchronous save writes.
+functions (the tensor files through the writer process, ``writerproc``): the
+files are what the synchronous save writes.
 
 The checkpoint is handed to the sidecar only once every rank's writer is done
 (``at_step_end``, agreed by all ranks), so a writer that fails or a process
@@ -38,7 +39,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from . import dist, writecall, writerproc
+from . import devicetags, dist, writecall, writerproc
 from .log import failed, say, say_once
 
 ENV_ASYNC_SAVE = "JITCKPT_ASYNC_SAVE"
@@ -190,43 +191,6 @@ def _hook_installed() -> bool:
     return _HOOK[0] is not None
 
 
-# -- a host copy of a GPU storage is saved as the GPU storage was ------------------------
-
-# Host copies of GPU storages while a snapshot holds them: address -> the device they were
-# copied from. torch.save records a storage's device in the file; for these it records the
-# original's (as the synchronous save did), so a plain torch.load puts them back there.
-_COPIED_FROM: Dict[int, Any] = {}
-_TAGGER: List[bool] = []
-
-
-def _copied_from(storage: Any) -> Optional[str]:
-    """torch.serialization's location tagger: the original device of a snapshot's copy."""
-    if not _COPIED_FROM:
-        return None
-    try:
-        device = _COPIED_FROM.get(storage.data_ptr())
-    except Exception:
-        return None
-    # A new string each time, as torch's own GPU tagger makes: pickle writes it out again
-    # for each storage rather than referring back to the first (the same bytes).
-    return None if device is None else str(device)
-
-
-def _not_ours(storage: Any, location: str) -> None:
-    """The loading side of the tagger: torch's own deserializers serve these devices."""
-    return None
-
-
-def _register_copy(copied: Any, device: Any) -> None:
-    if not _TAGGER:
-        _TAGGER.append(True)
-        from torch.serialization import register_package
-
-        register_package(1, _copied_from, _not_ours)  # before torch's cpu tagger (10)
-    if copied.nbytes() > 0:
-        _COPIED_FROM[copied.data_ptr()] = device
-
-
 def _is_ordered_dict(obj: Any) -> bool:
     import collections
 
@@ -259,11 +223,15 @@ class Snapshot:
         self.later: Dict[Any, Any] = {}
         self.nbytes = 0  # of every copy made or planned
         self.event: Any = None  # a CUDA event after the device-to-host copies, when any
-        # In shared memory for the writer process (CPU storages only), or None: in this
-        # process's memory for the writer thread.
+        # In shared memory for the writer process, or None: in this process's memory for
+        # the writer thread.
         self.arena = arena
         self.writer = writer
         self.offsets: Dict[Any, int] = {}  # storage key -> its copy's offset in the arena
+        # For the writer process, GPU storages: their device, and (pinned host copy, arena
+        # slot) until ``ready`` moves the first into the second.
+        self.devices: Dict[Any, str] = {}
+        self._pinned: List[Tuple[Any, Any]] = []
 
     def _copy(self, key: Any, storage: Any) -> Any:
         if self.arena is None:
@@ -292,11 +260,18 @@ class Snapshot:
             if key in self.copies or key in self.later:
                 continue
             if storage.device.type == "cuda":
+                # Pinned: the copy is queued on the training stream and the loop goes on.
                 on_gpu = True
                 host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
                 copied = host.untyped_storage()
                 copied.copy_(storage, non_blocking=True)
-                _register_copy(copied, storage.device)
+                if self.arena is None:
+                    devicetags.register(copied, storage.device)
+                else:  # moved into the arena by the writer thread (``ready``)
+                    self.offsets[key], slot = self.arena.slot(storage.nbytes())
+                    self.devices[key] = str(storage.device)
+                    self._pinned.append((host, slot))
+                    copied = slot
             else:
                 copied = self._copy(key, storage)
             self.copies[key] = copied
@@ -336,13 +311,14 @@ class Snapshot:
 
     def release(self) -> None:
         """The copies are written: forget which device they came from (their memory goes)."""
-        if self.arena is not None:  # copies of CPU storages, as uint8 tensors on the arena
+        if self.arena is not None:  # copies as uint8 tensors on the arena
             self.copies = {}
+            self._pinned = []
             self.arena.close()
             return
         for copied in self.copies.values():
-            if copied.device.type == "cpu" and copied.nbytes() > 0:
-                _COPIED_FROM.pop(copied.data_ptr(), None)
+            if copied.device.type == "cpu":
+                devicetags.forget(copied)
         self.copies = {}
 
     def write_in_process(
@@ -350,13 +326,29 @@ class Snapshot:
     ) -> None:
         """The writer process makes ``function(*args, **kwargs)`` on this snapshot."""
         assert self.arena is not None and self.writer is not None
-        data = writerproc.payload(args, kwargs, self.offsets, storage_key)
-        self.writer.call(function, data, self.arena, cancel)
+        data = writerproc.payload(args, kwargs, self.offsets, self.devices, storage_key)
+        try:
+            self.writer.call(function, data, self.arena, cancel)
+        except writerproc.CallFailed as exc:
+            name = writerproc.function_name(function)
+            say_once(
+                "writer-process-call:%s:%s" % (name, str(exc).partition(":")[0]),
+                "the checkpoint writer process could not make a %s call (%s): the writer "
+                "thread in the training process writes such files"
+                % (".".join(name or ("?",)), exc),
+            )
+            assert self.arena.map is not None
+            writerproc.call_on(function, data, self.arena.map)
 
     def ready(self) -> None:
-        """Block until the device-to-host copies are done (the writer calls it first)."""
+        """Block until the device-to-host copies are done (the writer calls it first); for
+        the writer process, move them from pinned memory into the shared snapshot (a copy
+        that lets the GIL go)."""
         if self.event is not None:
             self.event.synchronize()
+        pinned, self._pinned = self._pinned, []
+        for host, slot in pinned:
+            slot.copy_(host)
 
 
 # -- one save -----------------------------------------------------------------------
@@ -616,9 +608,9 @@ class BackgroundSaves:
 
     def _snapshot(self, function: Callable[..., Any], storages: Dict[Any, Any]) -> Snapshot:
         """A snapshot in shared memory for the writer process where it can write this call
-        (CPU storages, a function it can find again), else in this process's memory."""
-        if not all(s.device.type == "cpu" for s in storages.values()):
-            return Snapshot()
+        (a function it can find again), else in this process's memory. A GPU's storages
+        are copied to pinned memory at the step boundary, as for the thread, then into the
+        shared memory by the writer thread: host memory for both, for the write's time."""
         if writerproc.function_name(function) is None:
             return Snapshot()
         process = writerproc.shared()

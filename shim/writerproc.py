@@ -46,7 +46,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import writecall
+from . import devicetags, writecall
 from .log import say_once
 
 ENV_WRITER = "JITCKPT_WRITER"
@@ -73,6 +73,11 @@ _BOOT = (
 
 class Cancelled(Exception):
     """The write was stopped for a JIT save (the writer process was ended)."""
+
+
+class CallFailed(Exception):
+    """The writer process answered an error: a class only the trainer can import (one of
+    its script's), say. The trainer can make the same call on the same snapshot."""
 
 
 class WriterDied(Exception):
@@ -177,8 +182,15 @@ def resolve(module: str, qualname: str) -> Any:
     return writecall.unwrapped(found)
 
 
-def payload(args: Any, kwargs: Any, offsets: Dict[Any, int], key: Callable[[Any], Any]) -> bytes:
-    """The call's arguments pickled, each tensor a reference to its storage in the arena."""
+def payload(
+    args: Any,
+    kwargs: Any,
+    offsets: Dict[Any, int],
+    devices: Dict[Any, str],
+    key: Callable[[Any], Any],
+) -> bytes:
+    """The call's arguments pickled, each tensor a reference to its storage in the arena
+    and the device that storage was copied from (None: the CPU)."""
     import torch
 
     class Pickler(pickle.Pickler):
@@ -186,6 +198,7 @@ def payload(args: Any, kwargs: Any, offsets: Dict[Any, int], key: Callable[[Any]
             if isinstance(obj, torch.Tensor):
                 return (
                     offsets[key(obj)],
+                    devices.get(key(obj)),
                     obj.untyped_storage().nbytes(),
                     obj.dtype,
                     obj.storage_offset(),
@@ -199,16 +212,17 @@ def payload(args: Any, kwargs: Any, offsets: Dict[Any, int], key: Callable[[Any]
     return buffer.getvalue()
 
 
-def _rebuild(data: bytes, mapped: mmap.mmap) -> Tuple[Any, Any]:
+def _rebuild(data: bytes, mapped: mmap.mmap, tagged: List[Any]) -> Tuple[Any, Any]:
     """The writer: the arguments again, their tensors on the shared snapshot (views of one
-    storage stay views of one storage, as the save passed them)."""
+    storage stay views of one storage, as the save passed them). Copies of a GPU's
+    storages are saved as on that GPU (``devicetags``), and appended to ``tagged``."""
     import torch
 
     storages: Dict[int, Any] = {}
 
     class Unpickler(pickle.Unpickler):
         def persistent_load(self, pid: Any) -> Any:
-            offset, nbytes, dtype, storage_offset, size, stride = pid
+            offset, device, nbytes, dtype, storage_offset, size, stride = pid
             storage = storages.get(offset)
             if storage is None:
                 if nbytes:
@@ -219,12 +233,29 @@ def _rebuild(data: bytes, mapped: mmap.mmap) -> Tuple[Any, Any]:
                 else:
                     storage = torch.UntypedStorage(0)
                 storages[offset] = storage
+                if device is not None:
+                    devicetags.register(storage, device)
+                    tagged.append(storage)
             tensor = torch.empty(0, dtype=dtype)
             tensor.set_(storage, storage_offset, size, stride)
             return tensor
 
     args, kwargs = Unpickler(io.BytesIO(data)).load()
     return args, kwargs
+
+
+def call_on(function: Callable[..., Any], data: bytes, mapped: mmap.mmap) -> None:
+    """``function`` on the arguments ``data`` describes, rebuilt on the snapshot ``mapped``:
+    what the writer process does, and what the trainer's writer thread does with a call
+    the process could not make."""
+    tagged: List[Any] = []
+    try:
+        args, kwargs = _rebuild(data, mapped, tagged)
+        function(*args, **kwargs)
+        del args, kwargs
+    finally:
+        for storage in tagged:
+            devicetags.forget(storage)
 
 
 def _send(sock: socket.socket, message: Any, fds: List[int]) -> None:
@@ -349,9 +380,10 @@ class WriterProcess:
         self, function: Callable[..., Any], data: bytes, arena: Arena, cancel: threading.Event
     ) -> None:
         """Have the writer make ``function(*args, **kwargs)`` (``data``, on ``arena``);
-        raises the writer's error, or ``WriterDied``. ``cancel`` set (a JIT save is next):
-        the writer is stopped mid-file (its partial checkpoint is dropped) rather than
-        waited for, and started again at the next background save (``Cancelled``)."""
+        raises ``CallFailed`` with the writer's error, or ``WriterDied``. ``cancel`` set
+        (a JIT save is next): the writer is stopped mid-file (its partial checkpoint is
+        dropped) rather than waited for, and started again at the next background save
+        (``Cancelled``)."""
         name = function_name(function)
         if name is None:
             raise ValueError("%r cannot be found again in the writer process" % (function,))
@@ -371,7 +403,7 @@ class WriterProcess:
                 self._drop()
                 raise WriterDied("the writer process died (%s)" % (type(exc).__name__,)) from None
         if answer.get("error"):
-            raise RuntimeError("in the writer process: %s" % answer["error"])
+            raise CallFailed(str(answer["error"]))
 
     def _wait_readable(self, sock: socket.socket, cancel: threading.Event) -> None:
         while not select.select([sock], [], [], _CANCEL_POLL_SECONDS)[0]:
@@ -471,9 +503,7 @@ def _serve(request: Dict[str, Any], fds: List[int]) -> Dict[str, Any]:
     function = resolve(module, qualname)
     mapped = mmap.mmap(fds[0], int(request["size"]))
     try:
-        args, kwargs = _rebuild(request["data"], mapped)
-        function(*args, **kwargs)
-        del args, kwargs
+        call_on(function, request["data"], mapped)
     finally:
         import gc
 

@@ -15,6 +15,7 @@ import io
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shim import asyncsave, writerproc
+from shim import asyncsave, devicetags, writerproc
 from shim.layout import ENV_DEMO_HOLD_AT_STEP
 from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, Proc, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_trainer import assert_same_weights
@@ -373,6 +374,88 @@ def test_the_writer_process_writes_torch_save_bytes_and_unmaps_the_snapshot(
     assert b"".join(written).replace(b"weights/", b"archive/") == expected.getvalue()
     assert _mapped_snapshots(os.getpid()) == 0 and _mapped_snapshots(writer.pid) == 0
     assert saves.held_bytes == 0
+
+
+def test_the_writer_process_records_the_gpu_a_copy_came_from(tmp_path: Path) -> None:
+    """A copy of a GPU storage is saved by the writer process as on that GPU: the bytes
+    the training process writes for the same copies tagged with their device (as its
+    writer thread writes them, and as ``torch.save`` of the GPU tensors writes them)."""
+    first, second = torch.arange(4096, dtype=torch.float32), torch.ones(64, dtype=torch.int64)
+    live = {"first": first, "view": first[8:16], "second": second, "step": 3}
+    tagged = [first.untyped_storage(), second.untyped_storage()]
+    for storage in tagged:
+        devicetags.register(storage, torch.device("cuda", 0))
+    try:
+        expected = io.BytesIO()
+        torch.save(live, expected)
+    finally:
+        for storage in tagged:
+            devicetags.forget(storage)
+    # Once per tensor (the view too), each a string of its own, as torch's own tagger gives.
+    assert expected.getvalue().count(b"cuda:0") == 3
+
+    writer = writerproc.WriterProcess()
+    assert writer.ensure_started()
+    storages = {asyncsave.storage_key(t): t.untyped_storage() for t in (first, second)}
+    arena = writerproc.Arena(sum(writerproc.aligned(s.nbytes()) for s in storages.values()))
+    try:
+        offsets = {key: writerproc.copy_into(arena, s)[0] for key, s in storages.items()}
+        devices = {asyncsave.storage_key(first): "cuda:0", asyncsave.storage_key(second): "cuda:0"}
+        target = tmp_path / "archive.pt"
+        data = writerproc.payload((live, target), {}, offsets, devices, asyncsave.storage_key)
+        writer.call(torch.save, data, arena, threading.Event())
+        assert target.read_bytes() == expected.getvalue()
+        # The writer forgets the tags once written: the next call's CPU copies say cpu.
+        del devices[asyncsave.storage_key(second)]
+        data = writerproc.payload((live, target), {}, offsets, devices, asyncsave.storage_key)
+        writer.call(torch.save, data, arena, threading.Event())
+        assert target.read_bytes().count(b"cuda:0") == 2
+    finally:
+        arena.close()
+        writer._drop()
+    assert devicetags.registered() == 0
+
+
+class ScriptPath(os.PathLike):  # type: ignore[type-arg]
+    """A path class of the user's script (``__main__``), which only the trainer can import."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+
+def test_a_call_the_writer_process_cannot_make_is_written_by_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A call whose arguments the writer process cannot rebuild (here a path of a class
+    of the user's script; any error it answers) is made by the training process's writer
+    thread from the same snapshot: the same bytes, said once, the checkpoint staged."""
+    monkeypatch.setenv(writerproc.ENV_WRITER, writerproc.PROCESS)
+    monkeypatch.setattr(ScriptPath, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "ScriptPath", ScriptPath, raising=False)
+    saves = asyncsave.BackgroundSaves("test")
+    saves.intercept(torch, "save")
+    live = {"weight": torch.arange(1 << 18, dtype=torch.float32), "step": 7}
+    expected = io.BytesIO()
+    torch.save(live, expected)
+    for step in (1, 2):
+        directory = tmp_path / f"checkpoint-{step}"
+        directory.mkdir()
+        target = ScriptPath(directory / "archive.pt")
+        saves.save(str(directory), step, lambda: torch.save(live, target))  # noqa: B023
+        job = saves._job
+        assert job is not None and job.by_process
+        del job
+        saves.wait()
+        written = (directory / "archive.pt").read_bytes()
+        assert written == expected.getvalue()
+    said = capfd.readouterr().err
+    assert said.count("could not make a torch.serialization.save call") == 1, said
+    staged: list[tuple[str, int]] = []
+    saves.agree_and_stage(lambda path, step: staged.append((path, step)), block=True)
+    assert staged == [(str(tmp_path / "checkpoint-2"), 2)]
 
 
 def test_parameters_are_copied_before_the_next_optimizer_step_changes_them(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shim import asyncsave
+from shim import asyncsave, devicetags, writerproc
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,13 @@ class Writer:
         torch.save(tensors, path)
 
 
-def test_gpu_storages_are_written_as_the_synchronous_save_writes_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", [writerproc.THREAD, writerproc.PROCESS])
+def test_gpu_storages_are_written_as_the_synchronous_save_writes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str
+) -> None:
+    """By the writer thread and by the writer process (the snapshot moved from pinned to
+    shared memory): the synchronous save's bytes, each storage on its device."""
+    monkeypatch.setenv(writerproc.ENV_WRITER, writer)
     saves = asyncsave.BackgroundSaves("test")
     saves.intercept(Writer, "write")
     live = {
@@ -43,13 +49,16 @@ def test_gpu_storages_are_written_as_the_synchronous_save_writes_them(tmp_path: 
     directory.mkdir()
     saves.save(str(directory), 1, lambda: Writer.write(live, directory / "state.pt"))
     assert saves.pending(1) and saves.held_bytes > 0
+    job = saves._job
+    assert job is not None and job.by_process == (writer == writerproc.PROCESS)
+    del job
     live["weight"].add_(1.0)  # queued after the copy on the same stream: the copy is older
     saves.wait()
     assert (directory / "state.pt").read_bytes() == (tmp_path / "sync" / "state.pt").read_bytes()
     loaded = torch.load(directory / "state.pt", weights_only=True)
     assert loaded["weight"].device.type == "cuda" and loaded["host"].device.type == "cpu"
     assert torch.equal(loaded["weight"].cpu(), torch.arange(1 << 18, dtype=torch.float32))
-    assert asyncsave._COPIED_FROM == {}  # released with the snapshot
+    assert devicetags.registered() == 0  # released with the snapshot
 
 
 LIGHTNING_ON_GPU = """

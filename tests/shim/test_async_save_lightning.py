@@ -4,9 +4,9 @@ stop, and no checkpoint staged from a writer that did not finish.
 The script is the user-style Lightning script of the end-to-end tests, unchanged,
 with a wider hidden layer so a checkpoint is worth deferring (a few hundred KB for
 the byte comparison; about 100 MB where a save must still be in flight when the
-test acts). The writer thread writes ``model.ckpt``'s bytes into a temporary file
-beside it (``model.ckpt.tmp-<pid>``) and renames it once whole, so the test sees the
-writer mid-write while that file exists.
+test acts). The writer (process or thread) writes ``model.ckpt``'s bytes into a
+temporary file beside it (``model.ckpt.tmp-<pid>``) and renames it once whole, so
+the test sees the writer mid-write while that file exists.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from shim import asyncsave
 from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
-from tests.shim.test_async_save import Disk, assert_staged_while_held_at_5
+from tests.shim.test_async_save import BY_PROCESS, Disk, assert_staged_while_held_at_5
 from tests.shim.test_lightning import HOLD, SCRIPT, _two_nodes, assert_bitwise_equal
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
@@ -75,12 +75,15 @@ def test_background_save_writes_what_lightning_writes_and_resumes_bitwise(
     )
     out.rename(tmp_path / "sync-out")
 
-    background = spawn(common, {**shim_env.env, **periodic})
+    # Written by the writer process from the first save (by default, by the writer thread
+    # until the process has started).
+    background = spawn(common, {**shim_env.env, **periodic, **BY_PROCESS})
     assert background.wait() == 0, background.output()
     output = background.output()
     assert "periodic checkpoints are written behind the training loop" in output
     for step in (4, 8, 12):
-        assert f"checkpoint-{step} written behind the training loop" in output
+        [written] = [line for line in output.splitlines() if f"checkpoint-{step} written" in line]
+        assert "behind the training loop" in written and "by the writer process" in written
     assert checkpoint_steps(shim_env.checkpoints) == [4, 8, 12]
     # Byte for byte what Lightning's synchronous save wrote.
     for step in (4, 8, 12):

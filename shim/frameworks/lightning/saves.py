@@ -7,9 +7,9 @@ callbacks) and its strategy hands it to the ``CheckpointIO``. Lightning's
 which pickles the dict into memory with ``torch.save`` and then writes those
 bytes through fsspec: ``_atomic_save`` is the call deferred, so the pickling and
 the write both run behind the loop (``torch.save`` itself writes to a buffer
-there and is not the file write). The writer thread makes it as ``local_writer``
-does: the same bytes, streamed to a temporary file rather than gathered in
-memory, so the GIL is held far less beside the training loop. The file is the
+there and is not the file write). The writer process (``writerproc``) makes
+it as ``write_checkpoint`` does: the same bytes, streamed to a temporary file
+rather than gathered in memory, outside the training process. The file is the
 one Lightning's synchronous save writes, and ``model.ckpt``, the file that
 marks a Lightning checkpoint complete, appears only once it is whole.
 
@@ -75,7 +75,7 @@ def background_saves(
     saves = asyncsave.BackgroundSaves(FRAMEWORK)
     saves.explain_unsupported = True  # the whole checkpoint is one call
     module = _writer_module(trainer)
-    saves.intercept(module, WRITER, writer=local_writer(getattr(module, WRITER)))
+    saves.intercept(module, WRITER, writer=write_checkpoint)
     say_once(
         "lightning-async-saves",
         "periodic checkpoints are written behind the training loop (%s=false: synchronous)"
@@ -84,34 +84,43 @@ def background_saves(
     return saves
 
 
-def local_writer(atomic_save: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
-    """What ``atomic_save`` (Lightning's ``_atomic_save``) writes, for the writer thread.
+def write_checkpoint(checkpoint: Any, filepath: Any) -> None:
+    """What Lightning's ``_atomic_save`` writes, made by the writer process (or thread).
 
     ``_atomic_save`` pickles the whole checkpoint into memory and copies it out twice
-    while holding the GIL, which stalls the training loop beside the writer thread.
-    For a local path this writes ``torch.save``'s bytes straight into a temporary file
-    beside the checkpoint (a file object, as Lightning's buffer is one: the same bytes),
-    renamed into place once whole; the writes let the GIL go. A path fsspec would take
-    elsewhere (``s3://``...) goes to ``atomic_save`` itself.
+    while holding the GIL. For a local path this writes ``torch.save``'s bytes straight
+    into a temporary file beside the checkpoint (a file object, as Lightning's buffer is
+    one: the same bytes), renamed into place once whole. A module-level function, so the
+    writer process finds it again by name (it imports nothing of Lightning for it). A
+    path fsspec would take elsewhere (``s3://``...) goes to Lightning's own function.
     """
+    path = os.fspath(filepath)
+    if "://" in path:
+        _lightning_atomic_save()(checkpoint, filepath)
+        return
+    import torch
 
-    def write_checkpoint(checkpoint: Any, filepath: Any) -> None:
-        path = os.fspath(filepath)
-        if "://" in path:
-            atomic_save(checkpoint, filepath)
-            return
-        import torch
+    temporary = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        with open(temporary, "wb") as stream:
+            torch.save(checkpoint, stream)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
 
-        temporary = "%s.tmp-%d" % (path, os.getpid())
+
+def _lightning_atomic_save() -> Callable[[Any, Any], None]:
+    """Lightning's ``_atomic_save``, of whichever of its packages is installed."""
+    import importlib
+
+    for package in ("lightning.fabric", "lightning_fabric"):
         try:
-            with open(temporary, "wb") as stream:
-                torch.save(checkpoint, stream)
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-
-    return write_checkpoint
+            module = importlib.import_module(package + ".utilities.cloud_io")
+        except ImportError:
+            continue
+        return module._atomic_save
+    raise ImportError("no Lightning package to write %r with" % (WRITER,))
 
 
 def optimizer_storages(trainer: Any) -> Set[asyncsave.StorageKey]:
