@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from shim import asyncsave
+from shim import asyncsave, writerproc
 from tests.shim.support import PYTHON, Proc, ShimEnv, Spawn, checkpoint_steps
 from tests.shim.test_async_save import BY_PROCESS, Disk, assert_staged_while_held_at_5
 from tests.shim.test_lightning import HOLD, SCRIPT, _two_nodes, assert_bitwise_equal
@@ -118,9 +118,13 @@ def test_jit_stop_during_a_background_lightning_save_commits_a_correct_jit_check
         shim_env.without_shim(),
     )
     assert reference.wait(timeout=300) == 0, reference.output()
+    # The writer thread from the first save: the writer process would start writing only
+    # once it has imported torch, steps later, and the test needs the write it signals
+    # during to be still running at the next step end. The writer process stopped by a
+    # JIT save is shown with HF (tests/shim/test_async_save.py).
     cut = spawn(
         [PYTHON, SCRIPT, "--output-dir", str(tmp_path / "cut"), *common],
-        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4"},
+        {**shim_env.env, "JITCKPT_SAVE_STEPS": "4", writerproc.ENV_WRITER: writerproc.THREAD},
     )
     # SIGTERM while checkpoint-4's writer writes: the next step end agrees on the stop.
     _wait_mid_write(cut, shim_env.checkpoints / "checkpoint-4" / RANK_FILE)
