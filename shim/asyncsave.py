@@ -323,12 +323,14 @@ class Snapshot:
 
     def write_in_process(
         self, function: Callable[..., Any], args: Any, kwargs: Any, cancel: threading.Event
-    ) -> None:
-        """The writer process makes ``function(*args, **kwargs)`` on this snapshot."""
+    ) -> bool:
+        """The writer process makes ``function(*args, **kwargs)`` on this snapshot; False
+        when it could not and this thread made it."""
         assert self.arena is not None and self.writer is not None
         data = writerproc.payload(args, kwargs, self.offsets, self.devices, storage_key)
         try:
             self.writer.call(function, data, self.arena, cancel)
+            return True
         except writerproc.CallFailed as exc:
             name = writerproc.function_name(function)
             say_once(
@@ -339,6 +341,7 @@ class Snapshot:
             )
             assert self.arena.map is not None
             writerproc.call_on(function, data, self.arena.map)
+            return False
 
     def ready(self) -> None:
         """Block until the device-to-host copies are done (the writer calls it first); for
@@ -365,6 +368,7 @@ class SaveJob:
         self.copy_seconds = 0.0  # at the step boundary
         self.later_seconds = 0.0  # the writer's copies, before the next optimizer step
         self.write_seconds = 0.0
+        self.thread_calls = 0  # calls for the writer process that the thread made instead
         self.state = _WRITING
         self.error: Optional[BaseException] = None
         self.cancel = threading.Event()
@@ -400,7 +404,10 @@ class SaveJob:
                     function(*live_args, **live_kwargs)
                 elif copies.arena is not None:
                     try:
-                        copies.write_in_process(function, live_args, live_kwargs, self.cancel)
+                        if not copies.write_in_process(
+                            function, live_args, live_kwargs, self.cancel
+                        ):
+                            self.thread_calls += 1
                     except writerproc.Cancelled:
                         self.state = _FAILED
                         return
@@ -419,6 +426,15 @@ class SaveJob:
             self.snapshots = []
             self.copied.set()
             self.done.set()
+
+
+def _writers(by_process: bool, thread_calls: int) -> str:
+    """Who wrote a save's tensor files, for its message."""
+    if not by_process:
+        return ""
+    if thread_calls:
+        return " by the writer process, %d call by the writer thread" % thread_calls
+    return " by the writer process"
 
 
 class _Binding:
@@ -643,7 +659,7 @@ class BackgroundSaves:
                     job.copy_seconds,
                     job.later_seconds,
                     job.write_seconds,
-                    " by the writer process" if by_process else "",
+                    _writers(by_process, job.thread_calls),
                 )
             )
         elif job.error is not None:

@@ -453,6 +453,11 @@ def test_a_call_the_writer_process_cannot_make_is_written_by_the_thread(
         assert written == expected.getvalue()
     said = capfd.readouterr().err
     assert said.count("could not make a torch.serialization.save call") == 1, said
+    written = [line for line in said.splitlines() if "written behind the training loop" in line]
+    assert len(written) == 2, said
+    assert all(
+        line.endswith("by the writer process, 1 call by the writer thread)") for line in written
+    )
     staged: list[tuple[str, int]] = []
     saves.agree_and_stage(lambda path, step: staged.append((path, step)), block=True)
     assert staged == [(str(tmp_path / "checkpoint-2"), 2)]
