@@ -2,9 +2,9 @@
 
 The same HF workload, subjects and measures as bench/stall.py and
 bench/sigterm_to_durable.py, trained on the GPU (`BENCH_DEVICE=cuda`): there
-jitckpt's snapshot goes to pinned host memory at the step boundary, then to the
-writer process's shared memory; the stall adds jitckpt with the writer thread
-(`JITCKPT_WRITER=thread`) beside it. Run it on a machine with a CUDA GPU:
+jitckpt's snapshot goes to pinned host memory at the step boundary; the stall adds
+jitckpt with its writer process (`JITCKPT_WRITER=auto`) beside it. Run it on a
+machine with a CUDA GPU:
 
     python -m bench.gpu [--quick] [--reps N]
 
@@ -47,7 +47,7 @@ def stall_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
         reps,
         s3,
         GPU_SAVE_EVERY.get(state_bytes, 40),
-        subjects=(*stall.SUBJECTS, stall.JITCKPT_THREAD),
+        subjects=(*stall.SUBJECTS, stall.JITCKPT_PROCESS),
     )
 
 

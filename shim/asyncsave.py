@@ -11,8 +11,8 @@ complete" file, its rotation of old checkpoints) are queued too, in order.
 Everything else the save does (config files, small state) happens at once,
 as usual. When the save returns, training goes on and one writer thread makes
 the queued calls, in the order the save made them, with the framework's own
-functions (the tensor files through the writer process, ``writerproc``): the
-files are what the synchronous save writes.
+functions (the tensor files, opted in, through the writer process,
+``writerproc``): the files are what the synchronous save writes.
 
 The checkpoint is handed to the sidecar only once every rank's writer is done
 (``at_step_end``, agreed by all ranks), so a writer that fails or a process

@@ -27,7 +27,12 @@ name: ``torch.save``, safetensors' ``save_file``) on the arguments the save
 passed, rebuilt on the shared snapshot: the file is the one the synchronous
 save writes. It is started once, at the first background save, and reused; if
 it cannot start, or dies twice, the writer thread does the writes, said once.
-``JITCKPT_WRITER=thread`` chooses the thread from the start.
+
+It is opt-in (``JITCKPT_WRITER=auto`` or ``process``); the writer thread is the
+default. Measured in bench/stall.py, it did not gain over the thread: on two
+cores the process competes for them with the loop (its start, at the first save,
+too) and at 2 GB it stalled the loop longer than the thread; on an H100 the two
+were within the spread, the loop there needing little of the cores or the GIL.
 """
 
 from __future__ import annotations
@@ -85,16 +90,16 @@ class WriterDied(Exception):
 
 
 def mode() -> str:
-    """``JITCKPT_WRITER``: ``auto`` (the default: the writer process once it has started,
-    the thread until then), ``process`` (the writer process from the first save, which
-    then waits for it to start) or ``thread``."""
+    """``JITCKPT_WRITER``: ``thread`` (the default: the writer thread), ``auto`` (the
+    writer process once it has started, the thread until then) or ``process`` (the
+    writer process from the first save, which then waits for it to start)."""
     raw = os.environ.get(ENV_WRITER, "").strip().lower()
     if raw in (AUTO, PROCESS, THREAD):
         return raw
     if raw:
         message = "ignoring %s=%r: not auto, process or thread" % (ENV_WRITER, raw)
         say_once("env:" + ENV_WRITER, message)
-    return AUTO
+    return THREAD
 
 
 # -- the snapshot in shared memory ------------------------------------------------

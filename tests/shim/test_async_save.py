@@ -336,6 +336,15 @@ def test_the_snapshot_is_released_once_written(tmp_path: Path) -> None:
     assert staged == [(str(directory), 1)]
 
 
+def test_the_writer_thread_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer process is opt-in: it did not stall the loop less than the thread in
+    bench/stall.py (two cores, and an H100)."""
+    monkeypatch.delenv(writerproc.ENV_WRITER, raising=False)
+    assert writerproc.mode() == writerproc.THREAD and writerproc.shared() is None
+    monkeypatch.setenv(writerproc.ENV_WRITER, "auto")
+    assert writerproc.mode() == writerproc.AUTO and writerproc.shared() is not None
+
+
 def _mapped_snapshots(pid: int) -> int:
     return Path(f"/proc/{pid}/maps").read_text().count("memfd:jitckpt-snapshot")
 

@@ -75,8 +75,8 @@ def test_background_save_writes_what_lightning_writes_and_resumes_bitwise(
     )
     out.rename(tmp_path / "sync-out")
 
-    # Written by the writer process from the first save (by default, by the writer thread
-    # until the process has started).
+    # Written by the writer process from the first save (opt-in: by default the writer
+    # thread writes).
     background = spawn(common, {**shim_env.env, **periodic, **BY_PROCESS})
     assert background.wait() == 0, background.output()
     output = background.output()
