@@ -428,6 +428,17 @@ class SaveJob:
             self.done.set()
 
 
+def _local_path(target: Any) -> bool:
+    """Whether a write call's destination is a local file path, which a deferred write
+    can write later (fsspec takes a URL elsewhere; a buffer or open file is the caller's)."""
+    if not isinstance(target, (str, os.PathLike)):
+        return False
+    try:
+        return "://" not in str(os.fspath(target))
+    except Exception:
+        return False
+
+
 def _writers(by_process: bool, thread_calls: int) -> str:
     """Who wrote a save's tensor files, for its message."""
     if not by_process:
@@ -578,8 +589,8 @@ class BackgroundSaves:
         writer: Optional[Callable[..., Any]] = None,
     ) -> Any:
         target = writecall.target(args, kwargs)
-        if not isinstance(target, (str, os.PathLike)):
-            return original(*args, **kwargs)  # a buffer or an open file: now
+        if not _local_path(target):
+            return original(*args, **kwargs)  # a buffer, an open file, a URL (fsspec): now
         storages: Dict[Any, Any] = {}
         try:
             _storages((args, kwargs), storages)

@@ -7,9 +7,9 @@ callbacks) and its strategy hands it to the ``CheckpointIO``. Lightning's
 which pickles the dict into memory with ``torch.save`` and then writes those
 bytes through fsspec: ``_atomic_save`` is the call deferred, so the pickling and
 the write both run behind the loop (``torch.save`` itself writes to a buffer
-there and is not the file write). The writer process (``writerproc``) makes
-it as ``write_checkpoint`` does: the same bytes, streamed to a temporary file
-rather than gathered in memory, outside the training process. The file is the
+there and is not the file write). The writer thread (or, opted in, the writer
+process: ``writerproc``) makes it as ``write_checkpoint`` does: the same bytes,
+streamed to a temporary file rather than gathered in memory. The file is the
 one Lightning's synchronous save writes, and ``model.ckpt``, the file that
 marks a Lightning checkpoint complete, appears only once it is whole.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from types import ModuleType
-from typing import Any, Callable, Optional, Set
+from typing import Any, Optional, Set
 
 from ... import asyncsave
 from ...log import say_once
@@ -85,19 +85,16 @@ def background_saves(
 
 
 def write_checkpoint(checkpoint: Any, filepath: Any) -> None:
-    """What Lightning's ``_atomic_save`` writes, made by the writer process (or thread).
+    """What Lightning's ``_atomic_save`` writes, made by the writer thread (or process).
 
     ``_atomic_save`` pickles the whole checkpoint into memory and copies it out twice
     while holding the GIL. For a local path this writes ``torch.save``'s bytes straight
     into a temporary file beside the checkpoint (a file object, as Lightning's buffer is
     one: the same bytes), renamed into place once whole. A module-level function, so the
     writer process finds it again by name (it imports nothing of Lightning for it). A
-    path fsspec would take elsewhere (``s3://``...) goes to Lightning's own function.
+    path fsspec would take elsewhere (``s3://``...) is never deferred (``asyncsave``).
     """
     path = os.fspath(filepath)
-    if "://" in path:
-        _lightning_atomic_save()(checkpoint, filepath)
-        return
     import torch
 
     temporary = "%s.tmp-%d" % (path, os.getpid())
@@ -108,19 +105,6 @@ def write_checkpoint(checkpoint: Any, filepath: Any) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
-
-
-def _lightning_atomic_save() -> Callable[[Any, Any], None]:
-    """Lightning's ``_atomic_save``, of whichever of its packages is installed."""
-    import importlib
-
-    for package in ("lightning.fabric", "lightning_fabric"):
-        try:
-            module = importlib.import_module(package + ".utilities.cloud_io")
-        except ImportError:
-            continue
-        return module._atomic_save
-    raise ImportError("no Lightning package to write %r with" % (WRITER,))
 
 
 def optimizer_storages(trainer: Any) -> Set[asyncsave.StorageKey]:
