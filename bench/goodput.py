@@ -3,28 +3,34 @@
 The HF Trainer workload (bench/workload.py, about 500 MB of state, a few
 hundred steps; `--quick`: 50 MB, 60 steps) is preempted at the same seeded
 random steps (`preemption_steps`, one in each of `PREEMPTIONS` equal spans of
-the run) and restarted each time, for every subject:
-- jitckpt: the real agent and shim (bench/jitckpt_node.py), the script's own
-  periodic saves every `JITCKPT_SAVE_EVERY` steps (written in the background,
-  uploaded by the agent) and the JIT checkpoint at SIGTERM; a restart is a
-  new node (fresh local volume) whose agent restores before the trainer starts.
+the run) and restarted each time, for every subject. Every attempt is a pod
+of one PyTorchJob run by the local pod runner against the embedded S3 server
+(bench/podjob.py), a new pod with fresh volumes each time:
+- jitckpt: the pod injected by `mutate()`; its sidecar restores the newest
+  valid checkpoint and the trainer starts when the sidecar's startupProbe
+  passes; the script's own periodic saves every `JITCKPT_SAVE_EVERY` steps
+  (written in the background, uploaded by the sidecar) and the JIT checkpoint
+  at SIGTERM.
 - periodic, N = 10 and 50: plain HF saves every N steps, each uploaded with
-  `s5cmd` in `on_save` before training goes on; a restart downloads the
-  newest complete one with `s5cmd` and calls `resume_from_checkpoint`
-  (bench/peer_store.py). SIGTERM ends the process, as it does a script that
-  does not handle it.
-- hf-jit: transformers' `enable_jit_checkpoint`, then `s5cmd cp` of that
-  checkpoint once the process has exited; restarts as the periodic peers do.
+  `s5cmd` in `on_save` before training goes on; the pod's command downloads
+  the newest complete one with `s5cmd` and starts the script, which calls
+  `resume_from_checkpoint` (bench/peer_pod.py, bench/peer_store.py). SIGTERM
+  ends the script, as it does one that does not handle it.
+- hf-jit: transformers' `enable_jit_checkpoint`; the pod's command uploads
+  that checkpoint with `s5cmd cp` once the script has exited, in the grace
+  period; restarts as the periodic peers do.
 - uninterrupted: the same run with no saves and no preemption, the floor.
-A preemption is SIGTERM once the attempt's timeline shows the step ended; the
-attempt ends when its pod would be gone (jitckpt: the agent exited after
-committing; the peers: the trainer exited and, for hf-jit, its upload
-finished). Wall time to finish is the sum of the attempts, from each pod's
-start (restore included) to its end; the gaps a scheduler leaves between
-pods are not counted, for any subject. Steps trained twice: for each
-preemption, the last step the attempt ended minus the step the next one
-resumed after. Time lost per preemption: (wall time - the floor's) / the
-number of preemptions.
+A preemption is the pod runner's termination (preStop, SIGTERM, the grace
+period) once the attempt's timeline shows the step ended; a preempted
+attempt ends when its pod is gone (jitckpt: its sidecar exited after
+committing; the peers: the script exited and, for hf-jit, its upload
+finished). The last attempt ends when its script exits: what follows
+(jitckpt uploading the trained model) is not training, and no peer does it.
+Wall time to finish is the sum of the attempts, from each pod's start
+(restore included) to its end; the gaps a scheduler leaves between pods are
+not counted, for any subject. Steps trained twice: for each preemption, the
+last step the attempt ended minus the step the next one resumed after. Time
+lost per preemption: (wall time - the floor's) / the number of preemptions.
 
     python -m bench.goodput [--quick] [--reps N]
 """
@@ -32,22 +38,18 @@ number of preemptions.
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import harness, peer_store, timeline
+from bench import harness, timeline
 from bench.harness import BenchOptions
-from bench.jitckpt_node import JitckptNode
-from bench.procs import Background
+from bench.podjob import PodJob, PodTimes, node_for
 from bench.results import Case, Series
-from bench.training_run import ModelShape, wait_for_step, workload_argv
+from bench.training_run import ModelShape, workload_argv
 
 NAME = "goodput"
 BUCKET = "bench-goodput"
@@ -108,16 +110,6 @@ def preemption_steps(seed: int, max_steps: int, count: int) -> list[int]:
     return [rng.randrange(low + round(i * span), low + round((i + 1) * span)) for i in range(count)]
 
 
-@dataclass(frozen=True)
-class PodTimes:
-    """When an attempt's pod started and ended (``time.monotonic()``, as the timeline)."""
-
-    started: float
-    trainer_started: float
-    ended: float
-    download_seconds: float | None = None
-
-
 def attempt_of(times: PodTimes, path: Path) -> Attempt:
     """One attempt from its pod's times and its trainer's timeline."""
     events = timeline.read(path)
@@ -138,7 +130,8 @@ def attempt_of(times: PodTimes, path: Path) -> Attempt:
 
 @dataclass
 class JobRunner:
-    """One subject's job: its attempts, each in a fresh directory, one store prefix."""
+    """One subject's job: its attempts, pods of one job through the local pod runner, each
+    on a fresh volume, one store prefix."""
 
     subject: str
     shape: ModelShape
@@ -148,14 +141,16 @@ class JobRunner:
 
     @property
     def root(self) -> str:
+        """The peers' store prefix (jitckpt's job root is the webhook's, under its
+        destination)."""
         return f"s3://{BUCKET}/{self.subject_key}"
 
     @property
     def subject_key(self) -> str:
-        return "".join(c if c.isalnum() else "-" for c in self.subject)[:40]
+        return "".join(c if c.isalnum() else "-" for c in self.subject)[:40].strip("-").lower()
 
     def argv(self, out: Path, timeline_path: Path) -> list[str]:
-        """The trainer's command for this subject, with what it does on restart."""
+        """The trainer container's command for this subject, with what it does on restart."""
         if self.subject == FLOOR:
             return workload_argv(self.shape, out, timeline_path, max_steps=self.max_steps)
         if self.subject == JITCKPT:
@@ -173,72 +168,30 @@ class JobRunner:
         return [*argv, "--resume", *upload]
 
     def run(self, stops: Sequence[int | None]) -> Goodput:
+        node = node_for(self.work / "node", self.s3_env)
+        destination = f"s3://{BUCKET}/jitckpt" if self.subject == JITCKPT else None
+        job = PodJob(node, self.subject_key, self.s3_env, destination)
         attempts = []
         for number, stop_at in enumerate(stops):
             here = self.work / f"attempt-{number}"
             here.mkdir(parents=True)
-            run_one = self._jitckpt_attempt if self.subject == JITCKPT else self._peer_attempt
-            times = run_one(here, stop_at, timeout=600 + self.max_steps * 10)
-            attempts.append(attempt_of(times, here / "timeline.jsonl"))
+            path = here / "timeline.jsonl"
+            command = self.argv(here / "output", path)
+            peer_times = None
+            if self.subject not in (JITCKPT, FLOOR):
+                peer_times = here / "peer-times.json"
+                command = self._peer_command(command, here / "output", peer_times)
+            times = job.attempt(command, path, stop_at, 600 + self.max_steps * 10, peer_times)
+            attempts.append(attempt_of(times, path))
         return Goodput(attempts)
 
-    def _jitckpt_attempt(self, here: Path, stop_at: int | None, timeout: float) -> PodTimes:
-        started = time.monotonic()
-        node = JitckptNode(here / "node", self.root, self.s3_env).start(timeout)
-        try:
-            argv = self.argv(here / "output", here / "timeline.jsonl")
-            env = node.trainer_env()
-            trainer_started = time.monotonic()
-            with Background(argv, env=env, log=here / "trainer.log") as trainer:
-                assert trainer.process is not None
-                _preempt_at(trainer, here / "timeline.jsonl", stop_at, timeout)
-                code = trainer.process.wait(timeout=timeout)
-                ended = time.monotonic()
-            if stop_at is None:
-                _check_finished(code, here)
-                return PodTimes(started, trainer_started, ended)
-            assert node.agent is not None and node.agent.process is not None
-            os.kill(node.agent.pid, signal.SIGTERM)  # the main container ended
-            node.agent.process.wait(timeout=timeout)
-            return PodTimes(started, trainer_started, time.monotonic())
-        finally:
-            node.stop()
-
-    def _peer_attempt(self, here: Path, stop_at: int | None, timeout: float) -> PodTimes:
-        env = dict(os.environ, **self.s3_env)
-        output = here / "output"
-        started = time.monotonic()
-        download = None
-        step = peer_store.newest_complete(self.root, env) if self.subject != FLOOR else None
-        if step is not None:
-            download = peer_store.download(self.root, step, output, env)
-        argv = self.argv(output, here / "timeline.jsonl")
-        trainer_started = time.monotonic()
-        with Background(argv, env=env, log=here / "trainer.log") as trainer:
-            assert trainer.process is not None
-            _preempt_at(trainer, here / "timeline.jsonl", stop_at, timeout)
-            code = trainer.process.wait(timeout=timeout)
-        if stop_at is None:
-            _check_finished(code, here)
-        elif self.subject == HF_JIT:
-            saved = sorted(output.glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)
-            if saved:
-                peer_store.upload(saved[-1], self.root, env)
-        return PodTimes(started, trainer_started, time.monotonic(), download)
-
-
-def _preempt_at(
-    trainer: Background, timeline_path: Path, stop_at: int | None, timeout: float
-) -> None:
-    if stop_at is not None:
-        wait_for_step(trainer, timeline_path, stop_at, timeout=timeout)
-        os.kill(trainer.pid, signal.SIGTERM)
-
-
-def _check_finished(code: int, here: Path) -> None:
-    if code != 0:
-        log = (here / "trainer.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the last attempt exited {code}: {log}")
+    def _peer_command(self, argv: list[str], output: Path, times: Path) -> list[str]:
+        """The peer's container: restore with `s5cmd`, then the script (bench/peer_pod.py)."""
+        upload = ["--upload-at-exit"] if self.subject == HF_JIT else []
+        return [
+            sys.executable, "-m", "bench.peer_pod", "--root", self.root,
+            "--output-dir", str(output), "--times", str(times), *upload, "--", *argv,
+        ]  # fmt: skip
 
 
 def run(options: BenchOptions) -> list[Case]:

@@ -2,16 +2,19 @@
 
 For each size, one job per subject is stopped after step `STOP_AFTER_STEP`
 (SIGTERM; its checkpoint reaches the store) and started again as a new pod
-on a fresh volume, the way bench/goodput.py runs every attempt (the
-resumed pod is stopped a few steps later):
-- jitckpt: the agent starts, restores the newest valid checkpoint, reports
-  ready (polled every 100 ms here, as `JitckptNode` does); then the trainer
-  starts and the shim resumes from the restored files.
-- peer: `s5cmd ls` for the newest complete checkpoint, `s5cmd cp` of it, then
-  the script with `resume_from_checkpoint` (HF's `enable_jit_checkpoint` wrote
-  it at the SIGTERM, `s5cmd cp` uploaded it).
+through the local pod runner, the way bench/goodput.py runs every attempt
+(the resumed pod is stopped a few steps later):
+- jitckpt: the injected pod's sidecar starts, restores the newest valid
+  checkpoint and reports ready; the trainer starts when the kubelet's next
+  startupProbe passes (the period the webhook writes, 1 s, the API's least:
+  half a second on average after the files are in place), and the shim
+  resumes from the restored files.
+- peer: the pod's command runs `s5cmd ls` for the newest complete checkpoint,
+  `s5cmd cp` of it, then the script with `resume_from_checkpoint` (HF's
+  `enable_jit_checkpoint` wrote it at the SIGTERM, the pod's `s5cmd cp`
+  uploaded it).
 - floor: the peer's own `s5cmd cp` (bytes ÷ s5cmd's download throughput)
-  plus the framework's own load, the peer's time from its process start to
+  plus the framework's own load, the peer's time from its script's start to
   its first step (the files in place): nothing of the restore can be faster
   than moving its bytes and loading them.
 Measured to the first `step_begin` of the resumed run's timeline.
@@ -92,7 +95,9 @@ def run(options: BenchOptions) -> list[Case]:
                     True,
                     [Series(name, values) for name, values in samples.items()],
                     note="time_to_resume: a job stopped after step 2 started again as a new "
-                    "pod; floor = the peer's s5cmd cp + its process start to first step",
+                    "pod through the local pod runner (jitckpt: the trainer starts at the "
+                    "kubelet's 1 s startupProbe period after the sidecar's restore); floor = "
+                    "the peer's s5cmd cp + its script's start to first step",
                 )
             )
     return found

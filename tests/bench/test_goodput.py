@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.goodput import Attempt, Goodput, PodTimes, attempt_of, preemption_steps
+from bench.goodput import Attempt, Goodput, attempt_of, preemption_steps
+from bench.podjob import PodTimes
 from bench.time_to_resume import floor_seconds
 
 
