@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import harness
+from bench import harness, timeline
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
 from bench.procs import Background
@@ -50,6 +50,10 @@ SUBJECTS = (JITCKPT, HF_JIT, SYNC)
 # checkpoint files as jitckpt's, so checkpoint bytes / s5cmd's directory upload throughput:
 # the floor for moving this checkpoint to this store (the issue's goal: jitckpt <= 1.25x it).
 UPLOAD_FLOOR = "s5cmd cp of the checkpoint alone (upload floor)"
+# Issue 25's floor for a JIT checkpoint, from the same sync-save runs: SIGTERM to the end of
+# the save at the next step's end (the timeline's train_end, written after HF's save),
+# plus that checkpoint's s5cmd cp alone. Nothing can commit sooner without saving less.
+SAVE_FLOOR = "step's end + save + upload floor (floor)"
 # peer -> the workload's --on-sigterm mode, also its prefix in the bucket
 PEER_MODES = {HF_JIT: "hf-jit", SYNC: "sync-save"}
 SIGTERM_AFTER_STEP = 3
@@ -63,6 +67,14 @@ class Outcome:
     exit_code: int | None
     checkpoint_bytes: int
     upload_seconds: float | None = None  # the peers' s5cmd cp alone
+    saved_seconds: float | None = None  # SIGTERM to the end of the peer's save (timeline)
+
+    @property
+    def floor_seconds(self) -> float | None:
+        """SIGTERM to the save's end plus the upload alone: ``SAVE_FLOOR``."""
+        if self.saved_seconds is None or self.upload_seconds is None:
+            return None
+        return self.saved_seconds + self.upload_seconds
 
 
 def _s3_client(s3_env: dict[str, str]) -> Any:
@@ -141,7 +153,9 @@ def run_peer(
     )
     finished = time.monotonic()
     size = sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
-    return Outcome(finished - started, exited, code, size, finished - upload_started)
+    ends = timeline.times(timeline.read(timeline_path), "train_end")
+    saved = max(ends.values()) - started if ends else None
+    return Outcome(finished - started, exited, code, size, finished - upload_started, saved)
 
 
 def run(options: BenchOptions) -> list[Case]:
@@ -207,12 +221,18 @@ def size_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
                 UPLOAD_FLOOR,
                 [o.upload_seconds for o in outcomes[SYNC] if o.upload_seconds],
                 {"checkpoint_bytes": [o.checkpoint_bytes for o in outcomes[SYNC]]},
-            )
+            ),
+            Series(
+                SAVE_FLOOR,
+                [o.floor_seconds for o in outcomes[SYNC] if o.floor_seconds is not None],
+                {"sigterm_to_saved_s": [o.saved_seconds for o in outcomes[SYNC]]},
+            ),
         ],
         note="sigterm_to_durable: SIGTERM after step 3; jitckpt committed = node "
         "manifest in S3; peers committed = s5cmd cp exit 0 after the trainer exited; "
         "upload floor = that s5cmd cp alone, in the sync-save runs (the same "
-        "checkpoint files); 2 GB: 1 repetition (make bench stays within 45 minutes)",
+        "checkpoint files); floor = SIGTERM to the sync-save run's train_end (its save "
+        "done) + that upload floor; 2 GB: 1 repetition (make bench stays within 45 minutes)",
     )
 
 
