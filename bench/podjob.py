@@ -29,6 +29,7 @@ from bench import timeline
 from bench.procs import REPO_ROOT
 from local.demo.jobpods import JobSpec
 from local.demo.jobrun import job_pods
+from local.demo.scenario import IMAGE_ENV  # the demo's image: no downloads, one OpenMP thread
 from local.podrunner import Node, ObjectStore, Pod, PodResult
 from local.s3server import free_port
 from webhook.config import WebhookConfig
@@ -37,8 +38,6 @@ from webhook.mutate import NamespaceInfo, mutate
 NAMESPACE = "bench"
 SECRET_NAME = "bench-s3"
 GRACE_SECONDS = 300
-# The image's environment, as the demo's: no downloads, one OpenMP thread per process.
-IMAGE_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(frozen=True)
