@@ -92,9 +92,13 @@ class LocalS3:
         self.client().create_bucket(Bucket=bucket)
 
     def reset(self) -> None:
-        """Drop every bucket and object (moto's reset API), between tests."""
+        """Drop every bucket and object (moto's reset API), between tests.
+
+        Dropping is not instant: moto keeps large objects in temporary files, and a
+        benchmark job that uploaded tens of 500 MB checkpoints leaves gigabytes to
+        delete (over 10 s on a 2-core machine)."""
         request = urllib.request.Request(self.endpoint + "/moto-api/reset", method="POST")
-        with urllib.request.urlopen(request, timeout=10):
+        with urllib.request.urlopen(request, timeout=300):
             pass
 
     def stop(self) -> None:
