@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import timeline
 from bench.procs import REPO_ROOT
+from bench.training_run import wait_for_timeline_step
 from local.demo.jobpods import JobSpec
 from local.demo.jobrun import job_pods
 from local.demo.scenario import IMAGE_ENV  # the demo's image: no downloads, one OpenMP thread
 from local.podrunner import Node, ObjectStore, Pod, PodResult
 from local.s3server import free_port
 from webhook.config import WebhookConfig
+from webhook.jobs import PT_CONTAINER
 from webhook.mutate import NamespaceInfo, mutate
 
 NAMESPACE = "bench"
@@ -120,14 +121,15 @@ class PodJob:
         pod.start()
         try:
             if stop_at is not None:
-                _wait_for_step(pod, timeline_path, stop_at, timeout)
+                gone = _pod_gone(pod, PT_CONTAINER)
+                wait_for_timeline_step(timeline_path, stop_at, timeout, gone)
                 pod.terminate()
             result = pod.wait(timeout)
         except BaseException:
             pod.kill()
             raise
         ended = time.monotonic()
-        trainer = result.status(_trainer_name(result))
+        trainer = result.status(PT_CONTAINER)
         if trainer is None or trainer.started_at is None:
             raise RuntimeError(f"the trainer of {pod.name} never started: {_agent_log(result)}")
         if stop_at is None:
@@ -145,10 +147,6 @@ class PodJob:
         return PodTimes(started, _to_monotonic(trainer.started_at), ended)
 
 
-def _trainer_name(result: PodResult) -> str:
-    return next(iter(result.containers))
-
-
 def _tail(path: Path | None) -> str:
     return path.read_text(errors="replace")[-3000:] if path is not None and path.exists() else ""
 
@@ -159,18 +157,15 @@ def _agent_log(result: PodResult) -> str:
     )
 
 
-def _wait_for_step(pod: Pod, timeline_path: Path, step: int, timeout: float) -> None:
-    """Block until the script's rank 0 ended ``step`` or a later one (a resumed run starts
-    past ``step`` when its checkpoint was written later than the stop was asked for)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ended = timeline.times(timeline.read(timeline_path), "step_end")
-        if any(done >= step for done in ended):
-            return
-        if pod.done:
-            result = pod.wait(0)
-            trainer = result.status(_trainer_name(result))
-            log = _tail(trainer.log_path) if trainer else _agent_log(result)
-            raise RuntimeError(f"pod {pod.name} ended before step {step}: {log}")
-        time.sleep(0.05)
-    raise TimeoutError(f"pod {pod.name} did not reach step {step} in {timeout} s")
+def _pod_gone(pod: Pod, trainer: str) -> Callable[[], str | None]:
+    """For ``wait_for_timeline_step``: why the pod's script cannot reach a step (it ended)."""
+
+    def gone() -> str | None:
+        if not pod.done:
+            return None
+        result = pod.wait(0)
+        status = result.status(trainer)
+        log = _tail(status.log_path) if status else _agent_log(result)
+        return f"pod {pod.name} ended: {log}"
+
+    return gone

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +70,22 @@ def workload_argv(
 def wait_for_step(
     trainer: Background, timeline_path: Path, step: int, timeout: float = 600.0
 ) -> None:
-    """Block until rank 0 ended `step` or a later one; fail if the trainer died first.
+    """Block until rank 0 of ``trainer`` ended `step` or a later one; fail if it died first."""
+
+    def gone() -> str | None:
+        process = trainer.process
+        if process is not None and process.poll() is not None:
+            return f"trainer exited {process.returncode}"
+        return None
+
+    wait_for_timeline_step(timeline_path, step, timeout, gone)
+
+
+def wait_for_timeline_step(
+    timeline_path: Path, step: int, timeout: float, gone: Callable[[], str | None]
+) -> None:
+    """Block until the timeline shows rank 0 ended `step` or a later one; fail as soon as
+    ``gone()`` says why the trainer cannot get there (None: still running).
 
     A later one: a resumed run starts past `step` when the checkpoint it resumed
     from was written later than the stop was asked for (HF's JIT save on a fast
@@ -79,8 +95,8 @@ def wait_for_step(
         ended = timeline.times(timeline.read(timeline_path), "step_end")
         if any(done >= step for done in ended):
             return
-        process = trainer.process
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"trainer exited {process.returncode} before step {step}")
+        reason = gone()
+        if reason is not None:
+            raise RuntimeError(f"{reason} before step {step}")
         time.sleep(0.05)
     raise TimeoutError(f"trainer did not reach step {step} in {timeout} s")
