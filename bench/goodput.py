@@ -74,6 +74,7 @@ class Attempt:
     first_step_seconds: float  # from its start to its first training step's begin
     restore_seconds: float  # from its start to its trainer process's start
     download_seconds: float | None = None  # the peers' `s5cmd cp` of the checkpoint restored
+    started_at: float = 0.0  # its pod's start, ``time.monotonic()``: the others are from here
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ def attempt_of(times: PodTimes, path: Path) -> Attempt:
         begins[first] - times.started,
         times.trainer_started - times.started,
         times.download_seconds,
+        times.started,
     )
 
 

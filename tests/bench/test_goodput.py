@@ -60,7 +60,9 @@ def test_an_attempt_reads_where_it_began_and_ended_from_its_timeline(tmp_path: P
     )
     times = PodTimes(started=0.25, trainer_started=0.5, ended=4.25, download_seconds=0.25)
     attempt = attempt_of(times, path)
-    assert attempt == Attempt(4.0, 10, 12, 0.75, restore_seconds=0.25, download_seconds=0.25)
+    assert attempt == Attempt(
+        4.0, 10, 12, 0.75, restore_seconds=0.25, download_seconds=0.25, started_at=0.25
+    )
 
 
 def test_the_resume_floor_is_the_download_plus_the_framework_load() -> None:
