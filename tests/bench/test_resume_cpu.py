@@ -8,7 +8,7 @@ import time
 
 from bench.resume_cpu import CpuSampler, command_of, read_cpu
 
-BUSY = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+BUSY = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
 IDLE = "import time; time.sleep(1.2)"
 
 
