@@ -105,19 +105,19 @@ class CpuSampler:
             self._stop.set()
             thread.join()
 
-    def _nearest(self, at: float) -> float:
-        return min((when for when, _ in self.samples), key=lambda when: abs(when - at))
+    def _nearest(self, at: float) -> int:
+        """The index of the sample taken closest to ``at``."""
+        return min(range(len(self.samples)), key=lambda i: abs(self.samples[i][0] - at))
 
     def between(self, start: float, end: float) -> dict[str, float]:
         """CPU seconds (user + system) each command used from ``start`` to ``end``
         (``time.monotonic()``), to the sampling period: a process born in the window
         counts from zero, one that ended in it up to its last sample."""
         first, last = self._nearest(start), self._nearest(end)
-        before = next(found for when, found in self.samples if when == first)
+        before = self.samples[first][1]
         after: dict[int, ProcessCpu] = {}
-        for when, found in self.samples:
-            if first <= when <= last:
-                after.update(found)
+        for _, found in self.samples[first : last + 1]:
+            after.update(found)
         used: defaultdict[str, float] = defaultdict(float)
         for pid, cpu in after.items():
             base = before.get(pid, ProcessCpu(0.0, 0.0))
