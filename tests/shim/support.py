@@ -17,6 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = REPO / "shim"
+# gloo's exit wait alone, for runs without the shim (its ``sitecustomize`` says why).
+EXIT_WAIT_DIR = REPO / "tests" / "support" / "exitwait"
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 TRAIN_TINY = ["-m", "local.demo.train_tiny"]
@@ -65,8 +67,11 @@ class ShimEnv:
         return self.local / "checkpoints"
 
     def without_shim(self) -> dict[str, str]:
-        """The same environment with the shim inactive (no JITCKPT_DIR)."""
-        return {key: value for key, value in self.env.items() if key != "JITCKPT_DIR"}
+        """The same environment with the shim inactive (no JITCKPT_DIR), gloo's exit wait
+        kept: a run to compare with must not fail of a teardown race the shim fixes."""
+        env = {key: value for key, value in self.env.items() if key != "JITCKPT_DIR"}
+        env["PYTHONPATH"] = os.pathsep.join([str(SHIM_DIR), str(EXIT_WAIT_DIR), str(REPO)])
+        return env
 
 
 class Proc:

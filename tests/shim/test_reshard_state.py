@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from local.demo.weights import compare_saved
-from tests.shim.support import REPO, TORCHRUN
+from tests.shim.support import EXIT_WAIT_DIR, REPO, TORCHRUN
 
 WORKER = Path(__file__).with_name("reshard_worker.py")
 
 
 def torchrun(ranks: int, mode: str, directory: Path, out: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join([str(EXIT_WAIT_DIR), str(REPO)])  # gloo's exit wait: no abort at exit
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     command = [TORCHRUN, "--standalone", "--nproc-per-node", str(ranks), str(WORKER)]
     done = subprocess.run(
         [*command, mode, str(directory), str(out)],
