@@ -10,7 +10,7 @@ CHECKOV_VERSION := 3.3.30
 SCANNER_VENV := .venv-checkov
 SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
 
-.PHONY: setup test lint typecheck unit golden demo bench images images-deps images-check clean
+.PHONY: setup test test-quick lint typecheck unit golden demo bench images images-deps images-check clean
 
 setup: $(STAMP) $(SCANNER)
 
@@ -41,9 +41,25 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest -m 'not slow' $(PYTEST_ARGS)
 
+# The suite in two workers (pytest-xdist): most of a test's time is one process starting
+# (torch, transformers) on one core, so a second worker fills the other. Tests that share
+# an expensive fixture carry one xdist_group, so it is built once. Then the tests marked
+# `serial` (they load every CPU, or time a short wait), alone.
 # The tests under tests/images run the images images-check built (JITCKPT_IMAGES).
+# A part that PYTEST_ARGS leaves empty is no failure (pytest's exit status 5: no tests ran).
+PYTEST_WORKERS ?= 2
+PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_PART = JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest
 test: lint typecheck images-check
-	JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest $(PYTEST_ARGS)
+	$(PYTEST_PART) $(PARALLEL) -m 'not serial' $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST_PART) -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The inner loop, not what CI runs: lint, types and the tests that need no training run
+# and no pod (the webhook, the sidecar in-process, the shim's units and protocol).
+QUICK_TESTS = tests/webhook tests/sidecar tests/shim/test_units.py tests/shim/test_layout.py \
+	tests/shim/test_protocol_recorded.py tests/shim/test_reshard.py tests/shim/test_datareplay.py
+test-quick: lint typecheck
+	$(BIN)/pytest $(PARALLEL) -m 'not slow and not serial' $(QUICK_TESTS) $(PYTEST_ARGS)
 
 # Regenerate every golden file after an intended change of output, in one run:
 # the injector's pods and results and the CLI's whole-command outputs (every

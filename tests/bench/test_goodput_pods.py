@@ -20,6 +20,9 @@ from bench.goodput import BUCKET, JITCKPT, PERIODIC, JobRunner
 from bench.training_run import ModelShape
 from local.s3server import LocalS3
 
+# One worker for the module: one S3 server (a module fixture) for its jobs.
+pytestmark = pytest.mark.xdist_group("bench-goodput-pods")
+
 SHAPE = ModelShape.for_state("2 MB", 2_000_000)
 MAX_STEPS = 24
 STOP_AFTER = 13

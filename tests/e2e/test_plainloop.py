@@ -25,6 +25,9 @@ import pytest
 
 from local.demo.scenario import DemoOptions, open_scenario, reference_run, run_demo
 
+# One worker for the module: its DDP reference run (a module fixture) is made once.
+pytestmark = pytest.mark.xdist_group("e2e-plainloop")
+
 SCRIPTS = Path(__file__).with_name("scripts")
 DDP_SCRIPT = SCRIPTS / "loop_ddp_mnist.py"
 ACCELERATE_SCRIPT = SCRIPTS / "loop_accelerate.py"

@@ -18,6 +18,9 @@ from local.s3server import free_port
 from shim import glooexit
 from tests.shim.support import TORCHRUN, ShimEnv
 
+# Timed waits and a machine loaded on purpose: alone, after the parallel tests.
+pytestmark = pytest.mark.serial
+
 PR_SET_NAME = 15
 
 

@@ -36,6 +36,9 @@ from tests.webhook.server_support import FIXTURES, REPO
 from webhook.config import WebhookConfig
 from webhook.mutate import NamespaceInfo, mutate
 
+# One worker for the module: checkov scans every pod once (a module fixture).
+pytestmark = pytest.mark.xdist_group("webhook-scanner")
+
 CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
 DEPLOY = REPO / "deploy"
 OVERLAYS = ["cert-manager", "self-signed"]
