@@ -36,3 +36,12 @@ def test_quick_start_names_the_make_targets() -> None:
     quick = README.read_text().split("## Quick start", 1)[1].split("##", 1)[0]
     for target in ("make setup", "make demo", "make test"):
         assert target in quick
+
+
+def test_every_make_target_the_readme_names_exists() -> None:
+    """A command the README tells a contributor to run (``make test-quick``, ...) is there."""
+    makefile = (README.parent / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.MULTILINE))
+    named = set(re.findall(r"(?:`|^    )make ([a-z][a-z-]*)", README.read_text(), re.MULTILINE))
+    assert {"test", "test-quick"} <= named
+    assert named <= targets, named - targets
