@@ -34,9 +34,9 @@ import pytest
 from local.demo.scenario import DemoOptions, run_demo
 from tests.e2e.support import MAX_STEPS, SCRIPT, script_args, start_listings
 
-
 # One worker for every case: the uninterrupted runs (session fixture) are made once.
 pytestmark = pytest.mark.xdist_group("e2e-uninterrupted")
+
 
 @dataclass(frozen=True)
 class Combo:

@@ -16,6 +16,7 @@ from sidecar import checksum
 # collect the same names.
 _random = random.Random(32)
 
+
 @pytest.mark.parametrize(
     ("first", "second"),
     [
