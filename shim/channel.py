@@ -123,6 +123,9 @@ class SidecarLink:
         self._last_progress = 0.0
         self._mailbox: Optional[protocol.Progress] = None
         self._mail = threading.Condition()
+        # Held by the progress thread from taking a report to having written it: the final
+        # report waits for it, so a periodic one is never written after the final one.
+        self._sending = threading.Lock()
         self._progress_thread: Optional[threading.Thread] = None
 
     def present(self) -> bool:
@@ -234,17 +237,25 @@ class SidecarLink:
         step of a run.
         """
         self._last_progress = time.monotonic()
-        with self._mail:
-            self._mailbox = None  # an older report must not land after this one
-        if not self.present():
-            return
-        with self._lock:
-            try:
-                self._client.send(
-                    protocol.Progress(step=step, max_steps=max_steps, epoch=epoch, resumed=resumed)
-                )
-            except (OSError, ValueError) as exc:
-                say_once("sidecar-progress", "could not report the last step: %s" % exc)
+        # Bounded: a progress thread stuck on a dead socket must not hold the end of training.
+        sending = self._sending.acquire(timeout=self._timeout)
+        try:
+            with self._mail:
+                self._mailbox = None  # an older report must not land after this one
+            if not self.present():
+                return
+            with self._lock:
+                try:
+                    self._client.send(
+                        protocol.Progress(
+                            step=step, max_steps=max_steps, epoch=epoch, resumed=resumed
+                        )
+                    )
+                except (OSError, ValueError) as exc:
+                    say_once("sidecar-progress", "could not report the last step: %s" % exc)
+        finally:
+            if sending:
+                self._sending.release()
 
     def _send_progress(self) -> None:
         client = Client(self.socket_path, timeout=self._timeout)
@@ -252,10 +263,12 @@ class SidecarLink:
             with self._mail:
                 while self._mailbox is None:
                     self._mail.wait()
-                report, self._mailbox = self._mailbox, None
-            if not os.path.exists(self.socket_path):
-                continue
-            try:
-                client.send(report)
-            except (OSError, ValueError):
-                client.close()  # reconnects on the next report; the sidecar may be restarting
+            with self._sending:
+                with self._mail:
+                    report, self._mailbox = self._mailbox, None
+                if report is None or not os.path.exists(self.socket_path):
+                    continue  # the final report cleared it, or no sidecar
+                try:
+                    client.send(report)
+                except (OSError, ValueError):
+                    client.close()  # reconnects on the next report; the sidecar may restart

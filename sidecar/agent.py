@@ -610,11 +610,13 @@ class Agent:
         return protocol.OkAnswer()
 
     async def progress(self, peer: Peer, request: protocol.Progress) -> None:
-        if self.resumes is not None:
-            if request.resumed is not None and peer.pid is not None:
-                self.resumes.resumed(peer.pid, request.resumed)
-                return  # not a step end
-            await self.resumes.progressed(request.step)
+        """A step end: recorded before anything is awaited, so reports are recorded in the
+        order they are read. (The resume guard's first record write takes a while: a
+        periodic report read before the trainer's final one once landed after it, and the
+        termination message named a step before the last.)"""
+        if self.resumes is not None and request.resumed is not None and peer.pid is not None:
+            self.resumes.resumed(peer.pid, request.resumed)
+            return  # not a step end
         self.state.progress = {
             "step": request.step,
             "max_steps": request.max_steps,
@@ -622,6 +624,8 @@ class Agent:
             "time": now_iso(),
         }
         self.metrics.training_step.set(request.step)
+        if self.resumes is not None:
+            await self.resumes.progressed(request.step)
 
     async def status(self, peer: Peer, request: protocol.Status) -> protocol.Answer:
         return protocol.StatusAnswer(status=self.state.document())

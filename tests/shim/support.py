@@ -67,10 +67,14 @@ class ShimEnv:
         return self.local / "checkpoints"
 
     def without_shim(self) -> dict[str, str]:
-        """The same environment with the shim inactive (no JITCKPT_DIR), gloo's exit wait
-        kept: a run to compare with must not fail of a teardown race the shim fixes."""
-        env = {key: value for key, value in self.env.items() if key != "JITCKPT_DIR"}
-        env["PYTHONPATH"] = os.pathsep.join([str(SHIM_DIR), str(EXIT_WAIT_DIR), str(REPO)])
+        """The same environment with the shim inactive (no JITCKPT_DIR)."""
+        return {key: value for key, value in self.env.items() if key != "JITCKPT_DIR"}
+
+    def ranks_without_shim(self) -> dict[str, str]:
+        """``without_shim`` for gloo ranks: their exit wait alone goes first on PYTHONPATH, so a
+        run to compare with does not fail of the teardown race the shim fixes."""
+        env = self.without_shim()
+        env["PYTHONPATH"] = os.pathsep.join([str(EXIT_WAIT_DIR), env["PYTHONPATH"]])
         return env
 
 

@@ -107,7 +107,7 @@ def test_resumed_in_the_second_epoch_after_the_first_epochs_evaluation_is_bitwis
     """Stopped at step 17 (12 steps an epoch): on resume the first epoch yields no batch,
     and its evaluation, a sharded forward pass, comes before the resume point, so the
     shards are read there (and put back once more at the resume point)."""
-    reference = spawn(torchrun(2, tmp_path / "reference.pt"), shim_env.without_shim())
+    reference = spawn(torchrun(2, tmp_path / "reference.pt"), shim_env.ranks_without_shim())
     assert reference.wait(timeout=240) == 0, reference.output()[-3000:]
     cut_at(shim_env, spawn, 2, 17, tmp_path)
     resumed = spawn(torchrun(2, tmp_path / "resumed.pt"), shim_env.env)

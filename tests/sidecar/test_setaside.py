@@ -4,6 +4,7 @@ errors never do; records from a hostile store are ignored, never trusted."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.sidecar.agentproc import AgentProcess
 from tests.sidecar.helpers import commit, make_checkpoint
 
 OLDER, NEWER = 10, 20
+HELD = 1.5  # seconds a slow store holds the guard's record write
 
 
 def _run(tmp_path: Path, body: Callable[[Store], Awaitable[None]], nnodes: int = 1) -> None:
@@ -177,3 +179,44 @@ def test_the_agent_sets_it_aside_and_says_so_once(
         assert agent.log().count(f"checkpoint-{OLDER} set aside (") == 1
     finally:
         agent.kill()
+
+
+def test_the_last_step_reported_is_the_one_kept_while_the_guards_record_is_written(
+    tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
+) -> None:
+    """The first step report past a resume clears the guard's record, a write to the store;
+    a slow store holds that write while the trainer's final report arrives on its other
+    connection. The final step is what ``/status`` and the termination message keep (the
+    periodic report read first must not land after it)."""
+    from tests.support.faultproxy import FaultProxy
+
+    with FaultProxy(local_s3.endpoint) as proxy:
+        env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+        agent = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=env)
+        try:
+
+            async def seed() -> None:
+                async with open_store(AgentConfig(destination=agent.destination)) as store:
+                    await commit(store, make_checkpoint(tmp_path, OLDER, {"m.ckpt": 64}), OLDER)
+
+            asyncio.run(seed())
+            agent.start()
+            agent.wait_ready()
+            requests = Client(str(agent.socket))  # the shim's request connection
+            requests.call(shimtalk.hello(601))
+            requests.send(protocol.Progress(step=OLDER, max_steps=0, epoch=0.0, resumed=OLDER))
+            proxy.delay(HELD, times=1, method="PUT", path="resume-node-0")
+            reports = Client(str(agent.socket))  # the shim's once-a-second reports
+            reports.send(protocol.Progress(step=OLDER + 5, max_steps=OLDER + 9, epoch=0.0))
+            agent.wait_for(lambda: proxy.injected("delay-request") == 1, 20, "the record write")
+            held_until = time.monotonic() + HELD
+            requests.send(protocol.Progress(step=OLDER + 9, max_steps=OLDER + 9, epoch=0.0))
+            assert requests.call(protocol.Bye(exit_code=0, step=OLDER + 9)) == protocol.OkAnswer()
+            time.sleep(max(0.0, held_until - time.monotonic()) + 0.5)  # the write went on
+            assert agent.status()["progress"]["step"] == OLDER + 9
+            requests.close()
+            reports.close()
+            assert agent.terminate() == 0
+            assert agent.termination()["last_step"] == OLDER + 9
+        finally:
+            agent.kill()
