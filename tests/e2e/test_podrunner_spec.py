@@ -194,3 +194,37 @@ def test_a_secret_volume_without_items_holds_one_file_per_key(tmp_path: Path) ->
     # The kubelet's layout: each key a link through ``..data`` to the current version.
     visible = [p for p in volumes.paths["certs"].iterdir() if not p.name.startswith("..")]
     assert {p.name: p.read_text() for p in visible} == {"tls.crt": "CERT", "tls.key": "KEY"}
+
+
+def test_pod_addresses_are_loopback_addresses_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pod of a node gets its own loopback address, none the host's (127.0.0.0/24,
+    where the S3 server and the rendezvous listen); a drawn address whose port is already
+    bound (another runner's pod) is passed over, and a released one may come again."""
+    import ipaddress
+    import socket
+
+    from local.podrunner import Node
+    from local.podrunner import node as nodemodule
+
+    node = Node(tmp_path)
+    taken = [node.allocate_ip({8471}) for _ in range(300)]
+    assert len(set(taken)) == len(taken)
+    for ip in taken:
+        address = ipaddress.ip_address(ip)
+        assert address.is_loopback and address not in ipaddress.ip_network("127.0.0.0/24"), ip
+
+    draws = iter([9, 9, 9, 9, 9, 9, 9, 9, 10])  # 127.9.9.9 (bound), again (its own), then .10
+    monkeypatch.setattr(nodemodule.random, "randrange", lambda *_: next(draws))
+    fresh = Node(tmp_path / "other")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.9.9.9", 8471))
+        assert fresh.allocate_ip({8471}) == "127.9.9.10"
+    draws = iter([9, 9, 9])
+    assert fresh.allocate_ip({8471}) == "127.9.9.9"  # unbound now
+    draws = iter([9, 9, 9, 9, 9, 9, 9, 9, 11])
+    assert fresh.allocate_ip({8471}) == "127.9.9.11"  # 127.9.9.9 is this node's own
+    fresh.release_ip("127.9.9.9")
+    draws = iter([9, 9, 9])
+    assert fresh.allocate_ip({8471}) == "127.9.9.9"
