@@ -10,7 +10,7 @@ CHECKOV_VERSION := 3.3.30
 SCANNER_VENV := .venv-checkov
 SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
 
-.PHONY: setup test test-quick lint typecheck unit golden demo bench images images-deps images-check clean
+.PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench images images-deps images-check clean
 
 setup: $(STAMP) $(SCANNER)
 
@@ -34,8 +34,11 @@ lint: setup
 
 # The second run holds the shim to its promise, Python 3.9 and the standard
 # library alone (no site-packages: torch and transformers are the user's).
-typecheck: setup
+# Two targets, so that `make -j2` runs them side by side (each keeps its own cache).
+typecheck: typecheck-project typecheck-shim
+typecheck-project: setup
 	$(BIN)/mypy
+typecheck-shim: setup
 	$(BIN)/mypy --python-version 3.9 --no-site-packages --no-warn-unused-ignores shim
 
 unit: setup
@@ -50,7 +53,9 @@ unit: setup
 PYTEST_WORKERS ?= 2
 PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
 PYTEST_PART = JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest
-test: lint typecheck images-check
+# The checks before the tests are independent and mostly one core each: two at a time.
+test:
+	$(MAKE) -j2 --output-sync=target lint typecheck images-check
 	$(PYTEST_PART) $(PARALLEL) -m 'not serial' $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PYTEST_PART) -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
@@ -58,7 +63,8 @@ test: lint typecheck images-check
 # and no pod (the webhook, the sidecar in-process, the shim's units and protocol).
 QUICK_TESTS = tests/webhook tests/sidecar tests/shim/test_units.py tests/shim/test_layout.py \
 	tests/shim/test_protocol_recorded.py tests/shim/test_reshard.py tests/shim/test_datareplay.py
-test-quick: lint typecheck
+test-quick:
+	$(MAKE) -j2 --output-sync=target lint typecheck
 	$(BIN)/pytest $(PARALLEL) -m 'not slow and not serial' $(QUICK_TESTS) $(PYTEST_ARGS)
 
 # Regenerate every golden file after an intended change of output, in one run:
