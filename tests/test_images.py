@@ -395,3 +395,16 @@ def test_dockerignore_keeps_the_context_to_what_images_copy() -> None:
     assert FIRST_PARTY - copied <= ignored, "a part no image copies stays out of the context"
     for needed in ("pyproject.toml", "constraints.txt", "README.md", *copied):
         assert needed not in ignored
+
+
+def test_the_context_of_this_checkout_is_what_the_images_copy() -> None:
+    """What a checkout holds after `make setup` and a test run (the scanner's venv, caches,
+    the Makefile) is outside the context: the image build's cache key hashes it, and a
+    file there that differs between checkouts rebuilds both images in every one."""
+    from tools.images.build import context_files
+
+    copied = {part for image in IMAGES for part in image.copied()}
+    allowed = {"pyproject.toml", "constraints.txt", "README.md", ".dockerignore", *copied}
+    allowed |= {image.dockerfile.name for image in IMAGES}
+    tops = {path.relative_to(ROOT).parts[0] for path in context_files(ROOT)}
+    assert tops <= allowed, tops - allowed
