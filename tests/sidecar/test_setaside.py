@@ -146,6 +146,19 @@ def test_records_a_hostile_store_holds_are_ignored(tmp_path: Path) -> None:
     _run(tmp_path, body)
 
 
+def _start_over_older(agent: AgentProcess, tmp_path: Path) -> None:
+    """Commit checkpoint ``OLDER`` to the agent's destination, then start the agent: it
+    restores that checkpoint, so the trainers it hears from are resumed ones."""
+
+    async def seed() -> None:
+        async with open_store(AgentConfig(destination=agent.destination)) as store:
+            await commit(store, make_checkpoint(tmp_path, OLDER, {"model.ckpt": 64}), OLDER)
+
+    asyncio.run(seed())
+    agent.start()
+    agent.wait_ready()
+
+
 def test_the_agent_sets_it_aside_and_says_so_once(
     tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
 ) -> None:
@@ -153,14 +166,7 @@ def test_the_agent_sets_it_aside_and_says_so_once(
     checkpoint and fail; the third start is told not to resume from it."""
     agent = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=s3_env)
     try:
-
-        async def seed() -> None:
-            async with open_store(AgentConfig(destination=agent.destination)) as store:
-                await commit(store, make_checkpoint(tmp_path, OLDER, {"model.ckpt": 64}), OLDER)
-
-        asyncio.run(seed())
-        agent.start()
-        agent.wait_ready()
+        _start_over_older(agent, tmp_path)
         for pid in (501, 502):
             client = Client(str(agent.socket))
             hello = client.call(shimtalk.hello(pid))
@@ -194,14 +200,7 @@ def test_the_last_step_reported_is_the_one_kept_while_the_guards_record_is_writt
         env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
         agent = AgentProcess(root=tmp_path, destination=f"s3://{bucket}/ns/job", s3_env=env)
         try:
-
-            async def seed() -> None:
-                async with open_store(AgentConfig(destination=agent.destination)) as store:
-                    await commit(store, make_checkpoint(tmp_path, OLDER, {"m.ckpt": 64}), OLDER)
-
-            asyncio.run(seed())
-            agent.start()
-            agent.wait_ready()
+            _start_over_older(agent, tmp_path)
             requests = Client(str(agent.socket))  # the shim's request connection
             requests.call(shimtalk.hello(601))
             requests.send(protocol.Progress(step=OLDER, max_steps=0, epoch=0.0, resumed=OLDER))
