@@ -536,7 +536,14 @@ def test_two_ranks_write_in_the_background_and_stage_each_checkpoint_once_writte
         assert output.count(f"periodic checkpoint-{step} handed to the sidecar") == 1
     agent.wait_for(lambda: agent.status()["queue"] == [], 60, "the uploads")
     objects = uploaded(local_s3, agent.destination)  # type: ignore[arg-type]
+    # Each checkpoint is uploaded whole, or (a slow upload on a loaded machine) dropped once
+    # a newer one is committed, as the sidecar's backlog rule says, and /status says so;
+    # the newest is always uploaded.
+    dropped = {entry["step"] for entry in agent.status()["superseded"]}
+    assert 9 in objects and 9 not in dropped, (objects, dropped)
     for step in (3, 6, 9):
+        if step in dropped:
+            continue  # partly uploaded, maybe: never committed (the backlog rule's tests)
         assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= (
             objects[step]
         ), (step, objects.get(step))
