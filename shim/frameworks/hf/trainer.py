@@ -48,6 +48,7 @@ from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
 from . import data as hfdata
+from . import hidden as hfhidden
 from . import saves as hfsaves
 
 # What this integration cannot do without; anything else is optional.
@@ -90,6 +91,7 @@ class TrainerSession:
         self.saves: Optional[asyncsave.BackgroundSaves] = None  # None: synchronous saves
         self._saves_decided = False
         self.data = hfdata.TrainData()  # the train loader's place, replayed on resume
+        self.hidden = hfhidden.HiddenState()  # a subclass's own state across steps
         self.run.while_held = lambda: self.stage_written(block=False)
 
     # -- where checkpoints go -------------------------------------------------
@@ -209,6 +211,10 @@ def _make_callback(base: type) -> type:
             self._session = session
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            try:
+                self._session.hidden.first_step_ended(self._session.trainer)
+            except Exception as exc:
+                failed("watching the trainer's own state", exc)
             try:
                 stop = self._session.run.at_step_end(*self._session.position())
             except Exception as exc:
@@ -331,8 +337,11 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                     resume = session.resume_argument(requested)
                     kwargs["resume_from_checkpoint"] = resume
                 session.data.read(resume)
+                session.hidden.read(resume)
+                session.hidden.restore(self)
             except Exception as exc:
                 failed("resume", exc)
+            session.hidden.training_begins()
             session.trained = False
             _TRAINING.append(session)
             session.run.training_again()
@@ -401,6 +410,7 @@ def install(module: ModuleType, config: ShimConfig) -> None:
     if hasattr(trainer_cls, "_save_checkpoint"):
         _wrap(trainer_cls, "_save_checkpoint", make_save_checkpoint)
     hfdata.install(module, _data_of, lambda: _TRAINING[-1].data if _TRAINING else None)
+    hfhidden.install(module, _hidden_of)
     trainer_cls._jitckpt_patched = True
 
 
@@ -411,3 +421,8 @@ _TRAINING: List[TrainerSession] = []
 def _data_of(trainer: Any) -> Optional[hfdata.TrainData]:
     session: Optional[TrainerSession] = getattr(trainer, ATTRIBUTE, None)
     return session.data if session is not None else None
+
+
+def _hidden_of(trainer: Any) -> Optional[hfhidden.HiddenState]:
+    session: Optional[TrainerSession] = getattr(trainer, ATTRIBUTE, None)
+    return session.hidden if session is not None else None
