@@ -62,7 +62,8 @@ test:
 # The inner loop, not what CI runs: lint, types and the tests that need no training run
 # and no pod (the webhook, the sidecar in-process, the shim's units and protocol).
 QUICK_TESTS = tests/webhook tests/sidecar tests/shim/test_units.py tests/shim/test_layout.py \
-	tests/shim/test_protocol_recorded.py tests/shim/test_reshard.py tests/shim/test_datareplay.py
+	tests/shim/test_protocol_recorded.py tests/shim/test_reshard.py tests/shim/test_datareplay.py \
+	tests/shim/test_hidden_state.py
 test-quick:
 	$(MAKE) -j2 --output-sync=target lint typecheck
 	$(BIN)/pytest $(PARALLEL) -m 'not slow and not serial' $(QUICK_TESTS) $(PYTEST_ARGS)

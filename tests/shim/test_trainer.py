@@ -69,6 +69,8 @@ def test_sigterm_saves_at_next_step_exits_143_and_resume_is_bitwise(
     assert resumed.wait() == 0, resumed.output()
     assert f"resuming from {shim_env.checkpoints}/checkpoint-{step}" in resumed.output()
     assert f"train() returned at step {MAX_STEPS}" in resumed.output()
+    # HF's Trainer keeps no state of its own beyond its checkpoint: nothing is said of it.
+    assert "keeps state across steps" not in output + resumed.output()
     # The periodic settings came from the environment: saves every 5 steps, newest kept.
     assert checkpoint_steps(shim_env.checkpoints) == [MAX_STEPS]
     assert_same_weights(tmp_path / "resumed.pt", tmp_path / "reference.pt")
@@ -325,3 +327,53 @@ def test_a_hang_after_the_jit_save_does_not_hold_the_node(
     assert 'handler.py", line 4 in handler' in output  # the stack dump names where it hangs
     assert len(checkpoint_steps(shim_env.checkpoints)) == 1
     assert waited > 5  # it did wait in the handler: the exit came from the deadline
+
+
+HIDDEN_BUFFER_SCRIPT = """
+import collections, sys
+from transformers import Trainer
+from local.demo import train_tiny
+
+class RecentLossTrainer(Trainer):
+    '''Keeps the last losses in a buffer of its own (a schedule of its own would read it).'''
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._recent = collections.deque(maxlen=3)
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        self._recent.append(float(loss))
+        return loss
+
+sys.exit(train_tiny.main(trainer_class=RecentLossTrainer))
+"""
+HIDDEN_WARNING = (
+    "RecentLossTrainer keeps state across steps that {why} (_recent): a resume may not "
+    "continue as an uninterrupted run would"
+)
+
+
+@pytest.mark.slow
+def test_a_subclass_with_a_hidden_buffer_is_named_at_the_save_and_at_the_resume(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """The shim cannot know what ``_recent`` does: it says, once, that a resume may differ."""
+    script = tmp_path / "recent_loss.py"
+    script.write_text(HIDDEN_BUFFER_SCRIPT)
+    common = [str(script), "--output-dir", str(tmp_path / "out"), "--max-steps", "8"]
+    cut = spawn([PYTHON, *common, "--step-sleep", "0.4"], shim_env.env)
+    cut.wait_for("rank 0 step 3/")
+    cut.signal(signal.SIGTERM)
+    assert cut.wait() == 143
+    warning = HIDDEN_WARNING.format(why="its checkpoints do not hold")
+    assert cut.output().count(warning) == 1, cut.output()[-3000:]
+    [step] = checkpoint_steps(shim_env.checkpoints)
+    assert (shim_env.checkpoints / f"checkpoint-{step}" / "jitckpt_trainer_0.pth").is_file()
+
+    resumed = spawn([PYTHON, *common], shim_env.env)
+    assert resumed.wait() == 0, resumed.output()
+    output = resumed.output()
+    assert f"resuming from {shim_env.checkpoints}/checkpoint-{step}" in output
+    assert output.count(HIDDEN_WARNING.format(why="the checkpoint did not hold")) == 1, output
+    assert "own state is back" not in output  # nothing of it was known, nothing put back

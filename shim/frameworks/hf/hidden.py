@@ -247,7 +247,7 @@ class HiddenState:
             return
         restored = []
         for name in RESTORED:
-            if name in attributes and hasattr(trainer, name):
+            if name in attributes and hasattr(trainer, name) and is_data(attributes[name]):
                 setattr(trainer, name, _put_back(getattr(trainer, name), attributes[name]))
                 restored.append(name)
         if restored:
