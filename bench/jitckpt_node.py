@@ -34,6 +34,7 @@ class JitckptNode:
     s3_env: dict[str, str]
     nnodes: int = 1
     node_rank: int = 0
+    nproc_per_node: int | None = None  # given only where torchrun's rendezvous is static
     pvc_mount: Path | None = None  # where a pvc:// destination's claim is "mounted"
     agent: Background | None = field(default=None, init=False)
 
@@ -72,6 +73,8 @@ class JitckptNode:
                 layout.ENV_SOCKET: str(self.socket_path),
             }
         )
+        if self.nproc_per_node is not None:
+            env[layout.ENV_NPROC_PER_NODE] = str(self.nproc_per_node)
         if self.pvc_mount is not None:
             env[layout.ENV_PVC_MOUNT] = str(self.pvc_mount)
         return env

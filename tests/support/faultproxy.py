@@ -15,6 +15,12 @@ e.g. ``"partNumber="`` for multipart parts):
 - ``delay(seconds)``: hold the request that long, then forward it and answer
   normally (a slow store, not a failing one: uploads fall behind, none fails).
 
+Apart from those, ``throttle(per_second, methods)`` answers 503 SlowDown to the
+requests of those methods beyond a rate, as S3 does above a prefix's request
+rate (3,500 writes and 5,500 reads a second), however long it lasts. Every
+request is recorded (``requests``), so a test or a benchmark counts what a
+client asked for by ``Request.kind`` (``LIST``, ``GET``, ``HEAD``, ``PUT``, ...).
+
 It runs its own event loop in a daemon thread, so synchronous tests, asyncio
 code and child processes (pointed at ``endpoint``) can all use it::
 
@@ -65,6 +71,10 @@ class Fault:
         return not (self.path and not re.search(self.path, target))
 
 
+# What a throttle answers; never consumed (``times`` is not counted down for it).
+THROTTLED = Fault("status", 0, status=503, code="SlowDown")
+
+
 @dataclass
 class Request:
     """One request the proxy saw, and the fault it got (None: forwarded).
@@ -81,6 +91,33 @@ class Request:
     access_key: str | None = None  # the key ID that signed it (SigV4), if signed
     time: float = field(default_factory=time.monotonic)
 
+    @property
+    def kind(self) -> str:
+        """The S3 request it is: ``LIST`` (ListObjectsV2, a GET of the bucket), else its
+        method (a DeleteObjects is a ``POST``)."""
+        return "LIST" if self.method == "GET" and "list-type=" in self.target else self.method
+
+
+@dataclass
+class Throttle:
+    """A token bucket: ``rate`` requests a second of ``methods``, a second's worth at most
+    saved up; a request finding it empty is answered SlowDown."""
+
+    rate: float
+    methods: frozenset[str]
+    tokens: float = 0.0
+    updated: float = field(default_factory=time.monotonic)
+
+    def admits(self, method: str, now: float) -> bool:
+        if method not in self.methods:
+            return True
+        self.tokens = min(self.rate, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
 
 @dataclass
 class FaultProxy:
@@ -89,6 +126,7 @@ class FaultProxy:
     port: int = 0
     requests: list[Request] = field(default_factory=list)
     _faults: list[Fault] = field(default_factory=list)
+    _throttles: list[Throttle] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -125,9 +163,20 @@ class FaultProxy:
     ) -> None:
         self._add(Fault("delay", times, method, path, seconds=seconds))
 
+    def throttle(self, per_second: float, methods: tuple[str, ...]) -> None:
+        """From now on, answer SlowDown to requests of ``methods`` beyond ``per_second``."""
+        with self._lock:
+            self._throttles.append(Throttle(per_second, frozenset(m.upper() for m in methods)))
+
     def clear(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._throttles.clear()
+
+    def count(self, kind: str | None = None) -> int:
+        """Requests seen (of one ``Request.kind``), faulted ones included."""
+        with self._lock:
+            return sum(1 for r in self.requests if kind in (None, r.kind))
 
     def pending(self) -> int:
         """Fault injections still armed."""
@@ -144,6 +193,11 @@ class FaultProxy:
 
     def _take(self, method: str, target: str) -> tuple[Request, Fault | None]:
         with self._lock:
+            now = time.monotonic()
+            if not all(t.admits(method, now) for t in self._throttles):
+                seen = Request(method, target, THROTTLED.label)
+                self.requests.append(seen)
+                return seen, THROTTLED
             for fault in self._faults:
                 if fault.times > 0 and fault.matches(method, target):
                     fault.times -= 1
