@@ -225,7 +225,7 @@ class Agent:
             return RestoreResult(reason="resume is false: starting fresh")
         cfg = self.config
         node = NodeLayout(cfg.node_rank, cfg.nnodes, cfg.nproc_per_node)
-        return await restore(store, cfg.checkpoints_dir, node)
+        return await restore(store, cfg.checkpoints_dir, node, cfg.pod_name)
 
     def _record_restored(self, store: Store, restored: RestoreResult) -> None:
         self.restored = restored

@@ -2,8 +2,11 @@
 
 The manifest is written only after every file is in the store, so a crash at
 any point leaves either a committed node or one without a manifest, which
-the validity rule calls torn. Re-running a commit is safe: objects are simply
-overwritten with the same bytes.
+the validity rule calls torn. Then the node does its part of writing the
+commit record (``fanin``): the checkpoint is committed once every node's
+manifest is in and the record says so. Re-running a commit is safe: objects
+are simply overwritten with the same bytes, the manifest too (its ``time``
+is when the checkpoint was staged, not when it is uploaded).
 
 A checkpoint streamed while it is being written (``arrivals``) has each file
 uploaded as soon as it is accepted; its manifest still comes last, once the
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sidecar import fanin
 from sidecar import manifest as mf
 from sidecar.arrivals import Arrivals
 from sidecar.safefs import OpenedFile
@@ -53,6 +57,7 @@ async def commit_node(
     gate: PartGate | None = None,
     arrivals: Arrivals | None = None,
     committing: Callable[[], None] | None = None,
+    staged_at: float | None = None,
 ) -> CommitResult:
     """Upload ``files`` under ``checkpoint-<step>/`` and commit (``arrivals``: the files
     arrive while this runs, ``files`` is ignored).
@@ -61,7 +66,8 @@ async def commit_node(
     written: from there on the caller must not cancel the commit. A manifest PUT cut short
     may still land, and then no one could say whether the checkpoint was committed.
     ``local`` and ``nproc_per_node`` let a restore on the same layout skip the other
-    nodes' files that only their own ranks read (``nodefiles``).
+    nodes' files that only their own ranks read (``nodefiles``). ``staged_at`` (seconds
+    since the epoch) is the manifest's time; None: now.
     """
     started = time.monotonic()
 
@@ -81,11 +87,13 @@ async def commit_node(
         nproc_per_node=nproc_per_node,
         pod=pod,
         job=job,
+        time=mf.iso_time(time.time() if staged_at is None else staged_at),
         files=entries,
     )
     if committing is not None:
         committing()
     await store.put_bytes(mf.manifest_key(step, node_rank), mf.encode(manifest))
+    await fanin.complete(store, step, node_rank, nnodes)
     return CommitResult(manifest=manifest, seconds=time.monotonic() - started, retries=retries)
 
 

@@ -14,10 +14,15 @@ come from the usual env (``AWS_ACCESS_KEY_ID``, ``AWS_S3_ENDPOINT``, ...).
 Exit code: 0 when at least one checkpoint is valid, 1 when none is, 2 on errors.
 
 What a row says comes from the validity rule alone: the state, the step (from
-the object keys), and kind, nodes and time only from manifests that
-``manifest.decode`` accepted; every text is escaped before it reaches the
-terminal (``jitckpt/text.py``), so a planted manifest or a store's error
-message can neither move the cursor nor print a row of its own.
+the object keys), and kind, nodes, size and time only from a commit record
+(or manifests) that ``summary.decode`` (``manifest.decode``) accepted; every
+text is escaped before it reaches the terminal (``jitckpt/text.py``), so a
+planted manifest or a store's error message can neither move the cursor nor
+print a row of its own. Like a restore's judgement, it reads a listing of
+each checkpoint's ``.jitckpt/`` and its record, whatever the number of
+nodes: "valid" means committed by every node and found torn by none; each
+file is verified by the node that downloads it (a torn checkpoint without a
+record shows no size).
 """
 
 from __future__ import annotations
@@ -129,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         print(ROW.format(**HEADER))
         for state, row in zip(states, rows, strict=True):
             nodes = "-" if state.nnodes is None else str(state.nnodes)
-            print(escape(ROW.format(**{**row, "nodes": nodes, "size": _size(state.size)})))
+            size = "-" if state.size is None else _size(state.size)
+            print(escape(ROW.format(**{**row, "nodes": nodes, "size": size})))
         if model is not None and final_row is not None:
             shown = {"step": "final", "kind": "model", "nodes": "-", "size": _size(model.size)}
             print(escape(ROW.format(**{**final_row, **shown})))

@@ -75,6 +75,22 @@ def check_path(path: str) -> str:
     return path
 
 
+def check_time(value: str) -> str:
+    """``value`` if it is an ISO 8601 time with its offset, as the sidecar writes them."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an ISO 8601 time") from None
+    if not value.isascii() or not value.isprintable() or parsed.tzinfo is None:
+        raise ValueError("must be an ISO 8601 time with its offset")
+    return value
+
+
+def iso_time(seconds: float) -> str:
+    """``seconds`` since the epoch as a manifest's ``time``."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
 class FileEntry(BaseModel):
     """One uploaded file, relative to its checkpoint directory."""
 
@@ -108,6 +124,8 @@ class Manifest(BaseModel):
     nproc_per_node: int | None = Field(default=None, ge=1, le=protocol.MAX_RANK)
     pod: str = Field(default="", max_length=MAX_TEXT)
     job: str = Field(default="", max_length=MAX_TEXT)
+    # When the node's checkpoint was staged (not when it is uploaded): a commit retried
+    # writes the same bytes, which the commit record holds the digest of.
     time: str = Field(
         default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
     )
@@ -123,13 +141,7 @@ class Manifest(BaseModel):
     @field_validator("time")
     @classmethod
     def _time(cls, value: str) -> str:
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            raise ValueError("must be an ISO 8601 time") from None
-        if not value.isascii() or not value.isprintable() or parsed.tzinfo is None:
-            raise ValueError("must be an ISO 8601 time with its offset")
-        return value
+        return check_time(value)
 
     @field_validator("kind")
     @classmethod
@@ -158,8 +170,14 @@ def checkpoint_dir(step: int) -> str:
     return f"{layout.CHECKPOINT_PREFIX}{step}"
 
 
+def meta_dir(step: int) -> str:
+    """``checkpoint-<step>/.jitckpt/``: the manifests, the commit record and the marks the
+    sidecars leave on a checkpoint (a prefix: list it, and no file of the checkpoint)."""
+    return f"{checkpoint_dir(step)}/{layout.MANIFEST_DIR}/"
+
+
 def manifest_key(step: int, node_rank: int) -> str:
-    return f"{checkpoint_dir(step)}/{layout.MANIFEST_DIR}/{manifest_name(node_rank)}"
+    return f"{meta_dir(step)}{manifest_name(node_rank)}"
 
 
 def manifest_name(node_rank: int) -> str:

@@ -14,8 +14,13 @@ listing; if that fails too, the store is unreachable and restore stops
 (``Unreachable``) instead of skipping every checkpoint one by one.
 The download is the union of every node's files, so each node's trainer
 finds what it needs (its own RNG states, the shared model and optimizer),
-except on the layout that wrote the checkpoint: there a node downloads its
-own files and the shared ones only (``nodefiles``).
+except on the layout that wrote the checkpoint: there a node reads its own
+manifest and those with shared files, and downloads its own files and the
+shared ones only (``nodefiles``). What a node reads is checked as it is
+read (each manifest against the commit record, every file against its
+manifest); what is missing or different is the checkpoint's fault, not this
+node's: the node leaves a ``torn`` mark (``marks``), so every later restore
+of every node passes over it, and skips it itself.
 
 ``checkpoints/`` is in the volume the trainer writes (DESIGN 7, "Trust"), and
 a restarted sidecar restores while the trainer runs. So nothing there is
@@ -41,14 +46,14 @@ from pathlib import Path
 
 import google_crc32c
 
-from sidecar import checksum, safefs
+from sidecar import checksum, marks, safefs, validity
 from sidecar import manifest as mf
 from sidecar.commit import FILES_IN_FLIGHT
-from sidecar.nodefiles import NodeLayout, needed
+from sidecar.nodefiles import NodeLayout, manifests_needed, needed
 from sidecar.setaside import scan
 from sidecar.staging import SHARED_DIR_MODE, shared_dir
 from sidecar.storage.base import Store, StoreError, VerificationError
-from sidecar.validity import CheckpointState
+from sidecar.validity import CheckpointState, Torn
 
 RECORD_NAME = "restored.json"  # in the state directory: what was restored, for the run phase
 FILE_MODE = 0o644
@@ -267,39 +272,49 @@ def _fits(checkpoints_dir: Path, files: dict[str, mf.FileEntry]) -> str:
 
 
 async def _still_reachable(store: Store, step: int, why: str) -> None:
-    """After a failure the store may have caused: its listing of that checkpoint must
-    still come back, or the store is unreachable (raised, fatal)."""
+    """After a failure the store may have caused: a listing of that checkpoint's
+    ``.jitckpt/`` must still come back, or the store is unreachable (raised, fatal)."""
     try:
-        await store.list_objects(mf.checkpoint_dir(step) + "/")
+        await store.list_objects(mf.meta_dir(step))
     except (StoreError, OSError) as exc:
         raise Unreachable(f"the store stopped answering ({why}; then: {exc})") from exc
 
 
 async def _attempt(
-    store: Store, state: CheckpointState, checkpoints_dir: Path, files: dict[str, mf.FileEntry]
-) -> Path | str:
-    """Restore ``files`` of ``state``: its path, or why it was skipped (the store being
-    reachable)."""
+    store: Store,
+    state: CheckpointState,
+    checkpoints_dir: Path,
+    node: NodeLayout | None,
+    pod: str,
+) -> tuple[Path, dict[str, mf.FileEntry]] | str:
+    """Restore what ``node`` needs of ``state``: its path and files, or why it was skipped
+    (the store being reachable). What the store holds of it that is not what its record
+    and manifests say is marked torn for every node (``marks``), by this node."""
     try:
+        await validity.load(store, state, manifests_needed(state, node))
+        files = needed(state, node)
         too_large = await asyncio.to_thread(_fits, checkpoints_dir, files)
         if too_large:
             return too_large
-        return await download(store, state, checkpoints_dir, files)
-    except VerificationError as exc:
-        return f"download failed verification: {exc}"
+        return await download(store, state, checkpoints_dir, files), files
+    except (Torn, VerificationError) as exc:
+        why = str(exc) if isinstance(exc, Torn) else f"download failed verification: {exc}"
+        if node is not None:
+            await marks.put(store, state.step, marks.TORN, node.node_rank, why=why, pod=pod)
+        return why
     except StoreError as exc:
         why = f"download failed: {exc}"
         await _still_reachable(store, state.step, why)
         return why
-    except Exception as exc:  # the checkpoint's: a path clash, a full disk, a refused file
+    except Exception as exc:  # the checkpoint's: a refused file, a full disk
         return f"could not be written here: {type(exc).__name__}: {exc}"
 
 
 async def restore(
-    store: Store, checkpoints_dir: Path, node: NodeLayout | None = None
+    store: Store, checkpoints_dir: Path, node: NodeLayout | None = None, pod: str = ""
 ) -> RestoreResult:
-    """Find and download the newest valid checkpoint: what ``node`` needs of it
-    (``nodefiles``; None: every node's files)."""
+    """Find and download the newest valid checkpoint: what ``node`` (in pod ``pod``) needs
+    of it (``nodefiles``; None: every node's files)."""
     started = time.monotonic()
     result = RestoreResult()
     async for state in scan(store):
@@ -308,15 +323,16 @@ async def restore(
                 await _still_reachable(store, state.step, state.reason)
             result.skip(state.step, state.reason)
             continue
-        files = needed(state, node)
-        outcome = await _attempt(store, state, checkpoints_dir, files)
+        outcome = await _attempt(store, state, checkpoints_dir, node, pod)
         if isinstance(outcome, str):
             result.skip(state.step, outcome)
             continue
+        path, files = outcome
         result.step = state.step
-        result.path = str(outcome)
+        result.path = str(path)
         result.size = sum(e.size for e in files.values())
-        whole = sum(e.size for e in state.files().values())
+        assert state.record is not None
+        whole = state.record.file_bytes
         if result.size < whole:
             log.info(
                 "checkpoint-%d was written on this layout: this node's files and the shared "

@@ -12,24 +12,31 @@ past its first step clears the count: a later error is the training's own,
 and happens with or without a resume.
 
 Only a sidecar writes records, each only its own node's, from what it saw
-itself: ``checkpoint-<step>/.jitckpt/resume-node-<k>.json``, beside the
-manifests. The trainer cannot write the store; what it can make its own
-sidecar record is a failed resume of the one checkpoint that sidecar restored
-for it, which is no more than it could do by failing. The store is not
-trusted: a record is read only for ``node-0..nnodes-1`` of a valid checkpoint,
-at most ``MAX_RECORD_BYTES``, validated by ``decode``; one that fails the
-rules is ignored (and said), never a reason to fail a restore.
+itself: ``checkpoint-<step>/.jitckpt/resume-node-<k>.json``, its count, which
+only node ``k`` reads, and once it sets the checkpoint aside, the mark
+``set-aside-node-<k>.json`` (``marks``), which every node finds in the
+listing of ``.jitckpt/`` that judging the checkpoint makes anyway: no node
+reads the other nodes' records. The trainer cannot write the store; what it
+can make its own sidecar record is a failed resume of the one checkpoint
+that sidecar restored for it, which is no more than it could do by failing.
+The store is not trusted: a record is read at most ``MAX_RECORD_BYTES`` and
+validated by ``decode``; one that fails the rules is ignored (and said),
+never a reason to fail a restore.
 
-Every node's sidecar reads the records of all nodes before it restores, and
-the failing node's sidecar writes its record while the failing process is
-still saying goodbye, before the pods are restarted, so the nodes of the next
-attempt restore the same checkpoint (and the shim's resume agreement starts
-every rank fresh should they not).
+The failing node's sidecar leaves its mark while the failing process is
+still saying goodbye, before the pods are restarted, so the nodes of the
+next attempt restore the same checkpoint (and the shim's resume agreement
+starts every rank fresh should they not). A trainer restarted in the same
+pod asks its sidecar at its ``hello``, which looks again (``refresh``: one
+listing serves the hellos of a few seconds) for a set-aside or torn mark
+another node left since.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shim import layout
 from sidecar import manifest as mf
+from sidecar import marks
 from sidecar.storage.base import ObjectTooLarge, Store, StoreError
 from sidecar.validity import CheckpointState
 from sidecar.validity import scan as scan_valid
@@ -50,6 +58,8 @@ MAX_FAILURES = 1_000_000
 REASON_CHARS = 300
 # A JIT stop (128 + SIGTERM) is no failure; neither is a clean exit.
 NOT_FAILURES = (0, 143)
+# How long one look for other nodes' marks serves the hellos that follow.
+REFRESH_SECONDS = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -106,37 +116,36 @@ async def read(store: Store, step: int, node_rank: int) -> ResumeRecord | None:
         return None
 
 
-async def why_set_aside(store: Store, step: int, nnodes: int, keys: set[str]) -> str:
-    """Why ``checkpoint-<step>`` is set aside, from any node's record; "" if not. ``keys``:
-    the objects listed under it (only records listed are read)."""
-    for node in range(min(nnodes, mf.MAX_NODES)):
-        if record_key(step, node) not in keys:
-            continue
-        record = await read(store, step, node)
-        if record is not None and record.set_aside:
-            return record.reason or f"set aside by node {node}"
+async def why_not(store: Store, step: int, nnodes: int, keys: set[str]) -> str:
+    """Why ``checkpoint-<step>`` is not to be resumed from, from the marks among ``keys``
+    (a listing of its ``.jitckpt/``): set aside, or found torn, by some node; "" if not."""
+    for kind in (marks.SET_ASIDE, marks.TORN):
+        nodes = marks.marked(keys, step, kind, nnodes)
+        if nodes:
+            why = await marks.reason(store, step, kind, nodes[0])
+            return why if kind == marks.SET_ASIDE else f"node {nodes[0]} found it torn: {why}"
     return ""
 
 
 async def scan(store: Store) -> AsyncIterator[CheckpointState]:
     """``validity.scan``, where a set-aside checkpoint is not valid for a restore: its
-    ``set_aside`` says why, and so does its ``reason``. A store error while the records
-    are read makes that checkpoint torn (``store_error``), as a judging error does."""
+    ``set_aside`` says why, and so does its ``reason``. A store error while the mark is
+    read makes that checkpoint torn (``store_error``), as a judging error does."""
     async for state in scan_valid(store):
-        if state.valid:
-            keys = {o.key for o in state.objects}
+        nodes = state.nnodes or 0
+        marked = marks.marked(state.keys, state.step, marks.SET_ASIDE, nodes)
+        if state.valid and marked:
             try:
-                why = await why_set_aside(store, state.step, state.nnodes or 0, keys)
+                why = await marks.reason(store, state.step, marks.SET_ASIDE, marked[0])
             except StoreError as exc:  # as ``validity.scan``: that checkpoint torn, not the restore
                 state.valid = False
                 state.store_error = True
-                state.reason = f"the store refused to read its resume records: {exc}"
+                state.reason = f"the store refused to read its set-aside mark: {exc}"
                 yield state
                 continue
-            if why:
-                state.valid = False
-                state.set_aside = why
-                state.reason = f"set aside: {why}"
+            state.valid = False
+            state.set_aside = why or f"set aside by node {marked[0]}"
+            state.reason = f"set aside: {state.set_aside}"
         yield state
 
 
@@ -151,7 +160,14 @@ class ResumeWatch:
     """What this sidecar sees of the trainers that resume from the checkpoint it restored."""
 
     def __init__(
-        self, store: Store, step: int | None, node_rank: int, nnodes: int, pod: str
+        self,
+        store: Store,
+        step: int | None,
+        node_rank: int,
+        nnodes: int,
+        pod: str,
+        *,
+        refresh_seconds: float = REFRESH_SECONDS,
     ) -> None:
         self.store = store
         self.step = step  # the checkpoint this sidecar restored (None: nothing to watch)
@@ -164,6 +180,10 @@ class ResumeWatch:
         self._cleared = False
         self._latest: int | None = None  # the last step end reported since the last hello
         self.attempts: dict[int, Attempt] = {}  # by pid
+        self.refresh_seconds = refresh_seconds
+        # The restore just judged it: the first hellos need not list it again.
+        self._looked = time.monotonic()
+        self._refreshing = asyncio.Lock()
 
     def hello(self) -> None:
         self._hellos += 1
@@ -219,6 +239,11 @@ class ResumeWatch:
         )
         if not await self._write(failures, reason) or not reason:
             return ""
+        assert self.step is not None
+        if not await marks.put(
+            self.store, self.step, marks.SET_ASIDE, self.node_rank, why=reason, pod=self.pod
+        ):
+            return ""
         self.set_aside = reason
         return reason
 
@@ -242,14 +267,20 @@ class ResumeWatch:
         return True
 
     async def refresh(self) -> str:
-        """Why the restored checkpoint is set aside, when another node set it aside since
-        (read at each hello of a restarted trainer, so every node's next start agrees)."""
+        """Why the restored checkpoint is not to be resumed from, when another node set it
+        aside or found it torn since (read at each hello of a restarted trainer, so every
+        node's next start agrees). One listing of its ``.jitckpt/`` serves every hello of
+        ``refresh_seconds``: the processes of one start say hello within a second."""
         if self.set_aside or self.step is None:
             return self.set_aside
-        try:
-            listed = await self.store.list_objects(f"{mf.checkpoint_dir(self.step)}/")
-            keys = {o.key for o in listed}
-            self.set_aside = await why_set_aside(self.store, self.step, self.nnodes, keys)
-        except StoreError as exc:
-            log.warning("could not read the resume records of checkpoint-%d: %s", self.step, exc)
+        async with self._refreshing:
+            if time.monotonic() - self._looked < self.refresh_seconds:
+                return self.set_aside
+            try:
+                listed = await self.store.list_objects(mf.meta_dir(self.step))
+                keys = {o.key for o in listed}
+                self.set_aside = await why_not(self.store, self.step, self.nnodes, keys)
+            except StoreError as exc:
+                log.warning("could not look for marks on checkpoint-%d: %s", self.step, exc)
+            self._looked = time.monotonic()
         return self.set_aside

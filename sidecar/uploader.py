@@ -358,6 +358,7 @@ class Uploader:
                 gate=gate,
                 arrivals=job.arrivals,
                 committing=lambda: self._past_cancelling(job),
+                staged_at=job.staged_at,
             )
         self._failures.pop(job.id, None)
         self._metrics.upload_bytes.inc(result.size)

@@ -1,18 +1,35 @@
-"""DESIGN 7's rule: which checkpoints in a store are valid, and why the others are torn.
+"""DESIGN 7's rule at scale: which checkpoints are committed, and why the others are torn.
 
-Valid means: manifests from all ``nnodes`` nodes are present and agree on
-``nnodes`` and the step (``nnodes`` as node 0's manifest says; only
-``node-0..node-(nnodes-1).json`` are ever read, each validated by
+A checkpoint is valid when, in the listing of its ``.jitckpt/``:
+- the commit record (``summary``, written once every node committed:
+  ``fanin``) is there, valid, and for this step, with one entry per node;
+- the manifests of all its ``nnodes`` nodes are listed, each with the size
+  the record names (a manifest missing or replaced since tears it, for every
+  node: every node lists them);
+- no node left a ``torn`` mark on it (``marks``).
+Judging one costs that listing (a request per 1,000 objects) and one small
+GET, whatever the number of nodes: no manifest and no file is read.
+
+What a node takes from a valid checkpoint is checked where it is read: each
+manifest it needs against the size and SHA-256 the record names (``load``),
+and the files together (``nodefiles``), then every file against its
+manifest's size and CRC32C as it is downloaded (``restore``). Each file is
+downloaded, and so verified, by a node of the layout that wrote it, so the
+nodes together check the whole checkpoint. A node that finds something
+missing or different leaves a ``torn`` mark, so every later judge of every
+node counts the checkpoint torn, and the ranks of this attempt still agree
+on one step: a node that skips it offers an older one (or none) to the
+shim's resume agreement, and no rank resumes from it (DESIGN 5).
+
+Only ``node-0..node-(nnodes-1).json`` are ever read, each validated by
 ``manifest.decode`` first, so an invalid one makes the checkpoint torn and an
-extra object under ``.jitckpt/`` changes nothing); every file a manifest lists
-exists with the listed size, and with the listed CRC32C where the store keeps
-a whole-object checksum (S3 keeps one for single-part objects; a multipart
-object's is a composite and a directory keeps none, so there the CRC32C is
-checked by every download instead).
-Files that several nodes upload under the same relative path must be the same
-bytes (same size and CRC32C); if they differ the checkpoint is torn, because
-the store holds only one of them. No listed path may be a directory of another
-(``d0`` and ``d0/f``): no restore could write both.
+extra object under ``.jitckpt/`` changes nothing. A checkpoint without a
+record whose manifests are all there was committed by a sidecar that wrote
+no records (or its last node stopped between its manifest and the record):
+it is judged as before, every manifest read (node 0's first, which says
+``nnodes``; they must agree on it and the step) and their summary made
+here, a read per node for such checkpoints only.
+
 A checkpoint that cannot be judged because the store refused one of its
 objects (a manifest in an archive storage class, an object a PVC holds as a
 symlink) is torn with that reason, and ``store_error`` says so: restore then
@@ -22,24 +39,32 @@ checks that the store as a whole still answers before it tries the next one.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from shim import layout
 from sidecar import manifest as mf
+from sidecar import marks, summary
 from sidecar.storage.base import ObjectInfo, ObjectTooLarge, Store, StoreError
 
-HEAD_CONCURRENCY = 16
+READ_CONCURRENCY = 16
 # Bounds on one checkpoint as a whole (each manifest has its own, in manifest.py): what a
-# hostile store can make a scan read and hold, whatever nnodes says.
+# hostile store can make a node read and hold, whatever nnodes says.
 MAX_CHECKPOINT_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_CHECKPOINT_FILES = 200_000
 MISSING_SHOWN = 8  # missing nodes named in a reason; the rest are counted
 REASON_CHARS = 300
+
+T = TypeVar("T")
+
+
+class Torn(ValueError):
+    """What the store holds of a checkpoint is not what its record and manifests say."""
 
 
 @dataclass
@@ -49,119 +74,49 @@ class CheckpointState:
     step: int
     valid: bool
     reason: str  # empty when valid
-    objects: list[ObjectInfo]
-    manifests: list[mf.Manifest] = field(default_factory=list)
+    listed: list[ObjectInfo]  # the objects under its .jitckpt/
+    record: summary.Summary | None = None
+    # Manifests read and checked against the record, by node.
+    manifests: dict[int, mf.Manifest] = field(default_factory=dict)
     set_aside: str = ""  # why a valid one is not restored (``setaside.scan`` says)
     store_error: bool = False  # torn because the store refused a request, not by its content
 
     @property
-    def size(self) -> int:
-        return sum(o.size for o in self.objects)
+    def keys(self) -> set[str]:
+        return {o.key for o in self.listed}
+
+    @property
+    def size(self) -> int | None:
+        """Bytes in the store, files and manifests, as the record says (None: no record)."""
+        return self.record.size if self.record else None
 
     @property
     def mtime(self) -> float:
-        return max((o.mtime for o in self.objects), default=0.0)
+        return max((o.mtime for o in self.listed), default=0.0)
 
     @property
     def time(self) -> str:
+        if self.record:
+            return self.record.time
         if self.manifests:
-            return max(m.time for m in self.manifests)
+            return max(m.time for m in self.manifests.values())
         return datetime.fromtimestamp(self.mtime, UTC).isoformat(timespec="seconds")
 
     @property
     def kind(self) -> str:
-        kinds = sorted({m.kind for m in self.manifests})
+        if self.record:
+            return self.record.kind
+        kinds = sorted({m.kind for m in self.manifests.values()})
         return "+".join(kinds) if kinds else "-"
 
     @property
     def nnodes(self) -> int | None:
-        return self.manifests[0].nnodes if self.manifests else None
-
-    def files(self) -> dict[str, mf.FileEntry]:
-        """The union of all nodes' files, one entry per relative path."""
-        union: dict[str, mf.FileEntry] = {}
-        for manifest in sorted(self.manifests, key=lambda m: m.node_rank):
-            for entry in manifest.files:
-                union.setdefault(entry.path, entry)
-        return union
+        if self.record:
+            return self.record.nnodes
+        return self.manifests[0].nnodes if 0 in self.manifests else None
 
 
-def group_by_step(objects: list[ObjectInfo]) -> dict[int, list[ObjectInfo]]:
-    """Objects under each ``checkpoint-<step>/``; anything else is ignored."""
-    groups: dict[int, list[ObjectInfo]] = defaultdict(list)
-    for obj in objects:
-        top, _, rest = obj.key.partition("/")
-        step = layout.step_of(top)
-        if step is not None and rest:
-            groups[step].append(obj)
-    return groups
-
-
-async def _load_manifests(
-    store: Store, step: int, objects: list[ObjectInfo]
-) -> tuple[list[mf.Manifest], str]:
-    """Node 0's manifest, then node 1..nnodes-1's (nnodes from node 0's): only those keys
-    are read, each at most ``MAX_MANIFEST_BYTES``, and each must agree on step and nnodes.
-    Any other object under ``.jitckpt/`` is ignored, never read."""
-    sizes = {o.key: o.size for o in objects}
-
-    async def load(rank: int) -> tuple[mf.Manifest | None, str]:
-        key = mf.manifest_key(step, rank)
-        name = mf.manifest_name(rank)
-        if sizes[key] > mf.MAX_MANIFEST_BYTES:
-            return None, (
-                f"manifest {name} is {sizes[key]} bytes, more than the "
-                f"{mf.MAX_MANIFEST_BYTES} a manifest may have"
-            )
-        try:
-            loaded = mf.decode(await store.get_bytes(key, mf.MAX_MANIFEST_BYTES))
-        except ValueError as exc:
-            return None, f"manifest {name} is invalid: {_first_line(exc)}"
-        except ObjectTooLarge as exc:
-            return None, f"manifest {name} is too large: {_first_line(exc)}"
-        except StoreError as exc:
-            raise StoreError(f"manifest {name} could not be read: {_first_line(exc)}") from exc
-        if loaded.node_rank != rank or loaded.step != step:
-            return None, f"manifest {name} names node {loaded.node_rank}, step {loaded.step}"
-        return loaded, ""
-
-    if mf.manifest_key(step, 0) not in sizes:
-        if any(f"/{layout.MANIFEST_DIR}/" in key for key in sizes):
-            return [], "no manifest from node 0 (the node that says how many nodes commit)"
-        return [], "no manifest: no node committed it (upload interrupted?)"
-    first, problem = await load(0)
-    if first is None:
-        return [], problem
-    nnodes = first.nnodes
-    missing = [k for k in range(1, nnodes) if mf.manifest_key(step, k) not in sizes]
-    if missing:
-        shown = ", ".join(f"node-{k}" for k in missing[:MISSING_SHOWN])
-        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
-        return [first], (
-            f"manifests from {nnodes - len(missing)} of {nnodes} nodes (missing {shown}{more})"
-        )
-    total = sum(sizes[mf.manifest_key(step, k)] for k in range(nnodes))
-    if total > MAX_CHECKPOINT_MANIFEST_BYTES:
-        return [first], (
-            f"the {nnodes} manifests are {total} bytes together, more than the "
-            f"{MAX_CHECKPOINT_MANIFEST_BYTES} a checkpoint may have"
-        )
-    manifests = [first]
-    entries = len(first.files)
-    for rank in range(1, nnodes):
-        loaded, problem = await load(rank)
-        if loaded is None:
-            return [], problem
-        if loaded.nnodes != nnodes:
-            return [], f"manifests disagree on the number of nodes: {nnodes}, {loaded.nnodes}"
-        entries += len(loaded.files)
-        if entries > MAX_CHECKPOINT_FILES:
-            return [], f"the manifests list more than {MAX_CHECKPOINT_FILES} files together"
-        manifests.append(loaded)
-    return manifests, ""
-
-
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """A reason short enough for the status document and a log line."""
     lines = str(exc).splitlines()
     if isinstance(exc, ValidationError) and len(lines) > 2:
@@ -171,91 +126,189 @@ def _first_line(exc: BaseException) -> str:
     return text[:REASON_CHARS]
 
 
-async def judge(store: Store, step: int, objects: list[ObjectInfo]) -> CheckpointState:
-    """Apply the validity rule to one checkpoint's objects."""
-    manifests, problem = await _load_manifests(store, step, objects)
-    state = CheckpointState(step=step, valid=False, reason="", objects=objects)
-    state.manifests = manifests
-    if problem:
-        state.reason = problem
-        return state
-    by_key = {o.key: o for o in objects}
-    seen: dict[str, tuple[int, mf.FileEntry]] = {}
-    to_check: list[mf.FileEntry] = []
-    for manifest in sorted(manifests, key=lambda m: m.node_rank):
-        for entry in manifest.files:
-            earlier = seen.get(entry.path)
-            if earlier is not None:
-                rank, other = earlier
-                if (other.size, other.crc32c) != (entry.size, entry.crc32c):
-                    state.reason = (
-                        f"nodes {rank} and {manifest.node_rank} uploaded different "
-                        f"{entry.path} under the same name"
-                    )
-                    return state
-                continue
-            seen[entry.path] = (manifest.node_rank, entry)
-            obj = by_key.get(mf.file_key(step, entry.path))
-            if obj is None:
-                state.reason = f"missing object {entry.path} (node {manifest.node_rank})"
-                return state
-            if obj.size != entry.size:
-                state.reason = (
-                    f"{entry.path} is {obj.size} bytes, manifest of node "
-                    f"{manifest.node_rank} says {entry.size}"
-                )
-                return state
-            if store.keeps_checksums and entry.parts == 1:
-                to_check.append(entry)
-    clash = _path_clash(seen)
-    if clash:
-        state.reason = clash
-        return state
-    mismatch = await _checksum_mismatch(store, step, to_check)
-    if mismatch:
-        state.reason = mismatch
-        return state
-    state.valid = True
+async def bounded(calls: Iterable[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run ``calls`` ``READ_CONCURRENCY`` at a time; their results in order."""
+    slots = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(call: Callable[[], Awaitable[T]]) -> T:
+        async with slots:
+            return await call()
+
+    return await asyncio.gather(*(one(call) for call in calls))
+
+
+async def read_manifest(
+    store: Store, step: int, node: int, nnodes: int | None, size: int
+) -> tuple[bytes, mf.Manifest]:
+    """Node ``node``'s manifest (``size`` bytes as listed or recorded): its bytes, decoded,
+    of this step and node and (unless None) of ``nnodes`` nodes; Torn otherwise."""
+    name = mf.manifest_name(node)
+    if size > mf.MAX_MANIFEST_BYTES:
+        raise Torn(
+            f"manifest {name} is {size} bytes, more than the {mf.MAX_MANIFEST_BYTES} a "
+            "manifest may have"
+        )
+    try:
+        data = await store.get_bytes(mf.manifest_key(step, node), mf.MAX_MANIFEST_BYTES)
+        loaded = mf.decode(data)
+    except ValueError as exc:
+        raise Torn(f"manifest {name} is invalid: {first_line(exc)}") from exc
+    except ObjectTooLarge as exc:
+        raise Torn(f"manifest {name} is too large: {first_line(exc)}") from exc
+    except StoreError as exc:
+        raise StoreError(f"manifest {name} could not be read: {first_line(exc)}") from exc
+    if loaded.node_rank != node or loaded.step != step:
+        raise Torn(f"manifest {name} names node {loaded.node_rank}, step {loaded.step}")
+    if nnodes is not None and loaded.nnodes != nnodes:
+        raise Torn(f"manifests disagree on the number of nodes: {nnodes}, {loaded.nnodes}")
+    return data, loaded
+
+
+def _missing(step: int, nodes: Iterable[int], sizes: dict[str, int], nnodes: int) -> str:
+    missing = [k for k in nodes if mf.manifest_key(step, k) not in sizes]
+    if not missing:
+        return ""
+    shown = ", ".join(f"node-{k}" for k in missing[:MISSING_SHOWN])
+    more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+    return f"manifests from {nnodes - len(missing)} of {nnodes} nodes (missing {shown}{more})"
+
+
+async def _recorded(store: Store, state: CheckpointState, sizes: dict[str, int]) -> str:
+    """The commit record, held to the listing: why it is not the checkpoint's, or ""."""
+    key = summary.record_key(state.step)
+    if sizes[key] > summary.MAX_SUMMARY_BYTES:
+        return (
+            f"the commit record is {sizes[key]} bytes, more than the "
+            f"{summary.MAX_SUMMARY_BYTES} a record may have"
+        )
+    try:
+        record = summary.decode(await store.get_bytes(key, summary.MAX_SUMMARY_BYTES))
+    except (ValueError, ObjectTooLarge) as exc:
+        return f"the commit record is invalid: {first_line(exc)}"
+    except StoreError as exc:
+        raise StoreError(f"the commit record could not be read: {first_line(exc)}") from exc
+    if record.step != state.step or record.first != 0 or len(record.nodes) != record.nnodes:
+        return (
+            f"the commit record names step {record.step}, nodes {record.first} to "
+            f"{record.first + len(record.nodes) - 1} of {record.nnodes}"
+        )
+    state.record = record
+    step, nnodes = state.step, record.nnodes
+    missing = _missing(step, range(nnodes), sizes, nnodes)
+    if missing:
+        return missing
+    for entry in record.nodes:
+        listed = sizes[mf.manifest_key(step, entry.node)]
+        if listed != entry.manifest_size:
+            return (
+                f"manifest {mf.manifest_name(entry.node)} is {listed} bytes, the commit record "
+                f"says {entry.manifest_size}"
+            )
+    return ""
+
+
+async def _unrecorded(store: Store, state: CheckpointState, sizes: dict[str, int]) -> str:
+    """A checkpoint without a record: every manifest read, as before records, and their
+    summary made here; why it is torn, or ""."""
+    step = state.step
+    if mf.manifest_key(step, 0) not in sizes:
+        if sizes:
+            return "no manifest from node 0 (the node that says how many nodes commit)"
+        return "no manifest: no node committed it (upload interrupted?)"
+    data, first = await read_manifest(store, step, 0, None, sizes[mf.manifest_key(step, 0)])
+    state.manifests = {0: first}
+    nnodes = first.nnodes
+    missing = _missing(step, range(1, nnodes), sizes, nnodes)
+    if missing:
+        return missing
+    total = sum(sizes[mf.manifest_key(step, k)] for k in range(nnodes))
+    if total > MAX_CHECKPOINT_MANIFEST_BYTES:
+        return (
+            f"the {nnodes} manifests are {total} bytes together, more than the "
+            f"{MAX_CHECKPOINT_MANIFEST_BYTES} a checkpoint may have"
+        )
+    others = await bounded(
+        partial(read_manifest, store, step, k, nnodes, sizes[mf.manifest_key(step, k)])
+        for k in range(1, nnodes)
+    )
+    every = [(data, first), *others]
+    if sum(len(m.files) for _, m in every) > MAX_CHECKPOINT_FILES:
+        return f"the manifests list more than {MAX_CHECKPOINT_FILES} files together"
+    state.manifests = {m.node_rank: m for _, m in every}
+    state.record = summary.Summary(
+        step=step, nnodes=nnodes, nodes=[summary.describe(d, m) for d, m in every]
+    )
+    return ""
+
+
+async def _marked_torn(store: Store, state: CheckpointState) -> str:
+    assert state.record is not None
+    nodes = marks.marked(state.keys, state.step, marks.TORN, state.record.nnodes)
+    if not nodes:
+        return ""
+    why = await marks.reason(store, state.step, marks.TORN, nodes[0])
+    return f"node {nodes[0]} found it torn: {why}"
+
+
+async def judge(store: Store, step: int) -> CheckpointState:
+    """Apply the validity rule to ``checkpoint-<step>``."""
+    listed = await store.list_objects(mf.meta_dir(step))
+    state = CheckpointState(step=step, valid=False, reason="", listed=listed)
+    sizes = {o.key: o.size for o in listed}
+    try:
+        if summary.record_key(step) in sizes:
+            problem = await _recorded(store, state, sizes)
+        else:
+            problem = await _unrecorded(store, state, sizes)
+        state.reason = problem or await _marked_torn(store, state)
+    except Torn as exc:
+        state.reason = str(exc)
+    state.valid = not state.reason
     return state
 
 
-def _path_clash(paths: Mapping[str, object]) -> str:
-    """Why the listed paths cannot all be files at once (one is a directory of another)."""
-    for path in paths:
-        for at in range(path.count("/")):
-            parent = path.rsplit("/", at + 1)[0]
-            if parent in paths:
-                return f"{parent} is listed as a file and as a directory of {path}"
-    return ""
+async def load(store: Store, state: CheckpointState, nodes: Iterable[int]) -> None:
+    """Read the manifests of ``nodes`` not read yet into ``state.manifests``, each checked
+    against the record: its size and SHA-256, and the record's entry of it. Torn when one
+    is not the manifest the record names."""
+    record = state.record
+    assert record is not None, "only a valid checkpoint's manifests are loaded"
+    wanted = [k for k in sorted(set(nodes)) if k not in state.manifests]
+    if sum(record.entry(k).manifest_size for k in wanted) > MAX_CHECKPOINT_MANIFEST_BYTES:
+        raise Torn(f"its manifests are more than the {MAX_CHECKPOINT_MANIFEST_BYTES} bytes")
+    if sum(record.entry(k).files for k in wanted) > MAX_CHECKPOINT_FILES:
+        raise Torn(f"its manifests list more than {MAX_CHECKPOINT_FILES} files together")
+
+    async def one(node: int) -> mf.Manifest:
+        entry = record.entry(node)
+        data, loaded = await read_manifest(
+            store, state.step, node, record.nnodes, entry.manifest_size
+        )
+        if summary.describe(data, loaded) != entry:
+            raise Torn(
+                f"manifest {mf.manifest_name(node)} is not the one the commit record names "
+                "(another size, SHA-256 or content)"
+            )
+        return loaded
+
+    for loaded in await bounded(partial(one, k) for k in wanted):
+        state.manifests[loaded.node_rank] = loaded
 
 
-async def _checksum_mismatch(store: Store, step: int, entries: list[mf.FileEntry]) -> str:
-    slots = asyncio.Semaphore(HEAD_CONCURRENCY)
-
-    async def check(entry: mf.FileEntry) -> str:
-        async with slots:
-            info = await store.head(mf.file_key(step, entry.path))
-        if info is None:
-            return f"missing object {entry.path}"
-        if info.crc32c is not None and info.crc32c != entry.crc32c:
-            return f"{entry.path}: store CRC32C {info.crc32c}, manifest says {entry.crc32c}"
-        return ""
-
-    for problem in await asyncio.gather(*(check(e) for e in entries)):
-        if problem:
-            return problem
-    return ""
+async def list_steps(store: Store) -> list[int]:
+    """The steps of every ``checkpoint-<step>/`` in the store (a request per 1,000)."""
+    steps = (layout.step_of(name.rstrip("/")) for name in await store.list_dirs(""))
+    return [step for step in steps if step is not None]
 
 
 async def scan(store: Store) -> AsyncIterator[CheckpointState]:
     """Every checkpoint in the store, newest step first, each judged when reached. Only
     the listing may raise: a store error while one checkpoint is judged makes that one
     torn (``store_error``)."""
-    groups = group_by_step(await store.list_objects())
-    for step in sorted(groups, reverse=True):
+    for step in sorted(await list_steps(store), reverse=True):
         try:
-            state = await judge(store, step, groups[step])
+            state = await judge(store, step)
         except StoreError as exc:
-            reason = f"the store refused a request while it was checked: {_first_line(exc)}"
-            state = CheckpointState(step, False, reason, groups[step], store_error=True)
+            reason = f"the store refused a request while it was checked: {first_line(exc)}"
+            state = CheckpointState(step, False, reason, [], store_error=True)
         yield state

@@ -25,6 +25,11 @@ class VerificationError(StoreError):
     """Downloaded bytes do not match the manifest (size or CRC32C)."""
 
 
+class WrongObject(VerificationError):
+    """The object is not the one the manifest names: missing, or of another size. Asking
+    again changes nothing, so it is never retried."""
+
+
 def check_sent(name: str, expected: str | None, sent: str) -> None:
     """What ``put_file`` sent of ``name`` (CRC32C ``sent``) is what the caller expected,
     when it said: the file changed in between otherwise (a VerificationError)."""
@@ -73,6 +78,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (checksums not filled in)."""
+
+    @abc.abstractmethod
+    async def list_dirs(self, prefix: str = "") -> list[str]:
+        """The names of the "directories" right below ``prefix`` (each ending in ``/``):
+        a request per 1,000, however many objects each holds."""
 
     @abc.abstractmethod
     async def head(self, key: str) -> ObjectInfo | None:

@@ -37,6 +37,7 @@ from sidecar.storage.base import (
     Store,
     StoreError,
     VerificationError,
+    WrongObject,
     check_sent,
 )
 
@@ -141,6 +142,19 @@ class DirectoryStore(Store):
     async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
         return await asyncio.to_thread(self._list, prefix)
 
+    def _dirs(self, prefix: str) -> list[str]:
+        """Directories right below ``prefix`` ("" or a directory's key ending in ``/``),
+        never through a symlink."""
+        base = self.root / prefix if prefix else self.root
+        try:
+            with os.scandir(base) as entries:
+                return [e.name + "/" for e in entries if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    async def list_dirs(self, prefix: str = "") -> list[str]:
+        return await asyncio.to_thread(self._dirs, prefix)
+
     def _head(self, key: str) -> ObjectInfo | None:
         try:
             source = self._open(key)
@@ -182,6 +196,8 @@ class DirectoryStore(Store):
         written = 0
         source = self._open(key)
         try:
+            if source.size != size:
+                raise WrongObject(f"{key} is {source.size} bytes, the manifest says {size}")
             while written <= size and (chunk := os.pread(source.fd, COPY_CHUNK, written)):
                 os.pwrite(fd, chunk, written)
                 written += len(chunk)
@@ -189,7 +205,7 @@ class DirectoryStore(Store):
         finally:
             source.close()
         if written != size:
-            raise VerificationError(f"{key}: {written} bytes, manifest says {size}")
+            raise VerificationError(f"{key}: {written} bytes read, the manifest says {size}")
         if checksum.encode(crc) != crc32c:
             raise VerificationError(f"{key}: CRC32C does not match the manifest")
 
@@ -197,9 +213,9 @@ class DirectoryStore(Store):
         try:
             await asyncio.to_thread(self._get, key, fd, size, crc32c)
         except FileNotFoundError as exc:
-            raise VerificationError(f"{key}: missing") from exc
+            raise WrongObject(f"missing object {key}") from exc
         except safefs.UnsafeError as exc:
-            raise VerificationError(f"{key}: {exc.strerror}") from exc
+            raise WrongObject(f"{key}: {exc.strerror}") from exc
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(atomic_write, self._path(key), None, data)

@@ -26,7 +26,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from sidecar.storage.base import StoreError, VerificationError
+from sidecar.storage.base import StoreError, VerificationError, WrongObject
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ RETRY_CODES = frozenset(
 
 def is_retryable(exc: BaseException) -> bool:
     """Transient: throttling, 5xx, broken or stalled connections, short bodies."""
+    if isinstance(exc, WrongObject):
+        return False
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -86,6 +88,8 @@ class RetryPolicy:
             try:
                 return await call()
             except Exception as exc:
+                if isinstance(exc, StoreError) and not is_retryable(exc):
+                    raise  # the store's answer, already said (a missing object, too large)
                 if not is_retryable(exc) or attempt == self.attempts:
                     raise StoreError(f"{what}: {describe(exc)}") from exc
                 self.retries += 1

@@ -34,6 +34,7 @@ from sidecar.storage.base import (
     PutResult,
     Store,
     VerificationError,
+    WrongObject,
     check_sent,
 )
 from sidecar.storage.retry import RetryPolicy
@@ -54,6 +55,7 @@ SMALL_BODIES_PER_PART = 4
 MAX_PARTS = 10_000  # S3's most parts of one multipart upload
 # Buffers per vectored write: well under the kernel's IOV_MAX (1024).
 IOV_BATCH = 256
+MISSING_CODES = ("NoSuchKey", "404", "NotFound")
 
 
 def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
@@ -94,6 +96,12 @@ def _bodies(data: bytes) -> Iterator[Callable[[], io.BufferedReader]]:
     finally:
         for reader in made:
             reader.close()
+
+
+def _total_size(content_range: str) -> int | None:
+    """The object's size a ranged answer's Content-Range states (``bytes 0-4/6``: 6)."""
+    total = content_range.rpartition("/")[2]
+    return int(total) if total.isdigit() else None
 
 
 def endpoint_from_env(env: Mapping[str, str]) -> str | None:
@@ -184,18 +192,25 @@ class S3Store(Store):
     def _rel(self, full: str) -> str:
         return full[len(self._prefix) + 1 :] if self._prefix else full
 
-    async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
+    async def _pages(self, prefix: str, **extra: str) -> AsyncIterator[dict[str, Any]]:
+        """Each page of the listing of ``prefix`` (ListObjectsV2, up to 1,000 entries)."""
         client = await self._c()
-        full_prefix = self._key(prefix) if prefix else (self._prefix + "/" if self._prefix else "")
-        found: list[ObjectInfo] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": full_prefix}
+            kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._key(prefix), **extra}
             if token:
                 kwargs["ContinuationToken"] = token
             page: dict[str, Any] = await self.policy.run(
                 f"list {self._uri}/{prefix}", partial(client.list_objects_v2, **kwargs)
             )
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    async def list_objects(self, prefix: str = "") -> list[ObjectInfo]:
+        found: list[ObjectInfo] = []
+        async for page in self._pages(prefix):
             for item in page.get("Contents", []):
                 found.append(
                     ObjectInfo(
@@ -204,9 +219,14 @@ class S3Store(Store):
                         mtime=item["LastModified"].timestamp(),
                     )
                 )
-            if not page.get("IsTruncated"):
-                return found
-            token = page.get("NextContinuationToken")
+        return found
+
+    async def list_dirs(self, prefix: str = "") -> list[str]:
+        names: list[str] = []
+        async for page in self._pages(prefix, Delimiter="/"):
+            for item in page.get("CommonPrefixes", []):
+                names.append(item["Prefix"][len(self._key(prefix)) :])
+        return names
 
     async def head(self, key: str) -> ObjectInfo | None:
         client = await self._c()
@@ -217,7 +237,7 @@ class S3Store(Store):
                     Bucket=self._bucket, Key=self._key(key), ChecksumMode="ENABLED"
                 )
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                if exc.response.get("Error", {}).get("Code") in MISSING_CODES:
                     return None
                 raise
             return ObjectInfo(
@@ -359,11 +379,13 @@ class S3Store(Store):
         return count, whole
 
     async def _fetch_range(
-        self, key: str, fd: int, start: int, length: int, file_lock: threading.Lock
+        self, key: str, fd: int, start: int, length: int, file_lock: threading.Lock, *, size: int
     ) -> int:
-        """GET one range and write it at its offset as it streams in, in pieces of at most
-        WRITE_CHUNK, so memory stays bounded whatever the range size; returns its CRC32C
-        (a retry rewrites the whole range and starts the CRC over)."""
+        """GET one range of the ``size``-byte object ``key`` and write it at its offset as
+        it streams in, in pieces of at most WRITE_CHUNK, so memory stays bounded whatever
+        the range size; returns its CRC32C (a retry rewrites the whole range and starts the
+        CRC over). The answer's Content-Range says the object's size: another one than
+        ``size``, or no object at all, is a WrongObject, at no extra request."""
         client = await self._c()
 
         def write(pieces: list[bytes], offset: int, crc: int) -> int:
@@ -374,11 +396,22 @@ class S3Store(Store):
             return crc
 
         async def call() -> int:
-            answer = await client.get_object(
-                Bucket=self._bucket,
-                Key=self._key(key),
-                Range=f"bytes={start}-{start + length - 1}",
-            )
+            try:
+                answer = await client.get_object(
+                    Bucket=self._bucket,
+                    Key=self._key(key),
+                    Range=f"bytes={start}-{start + length - 1}",
+                )
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code in MISSING_CODES:
+                    raise WrongObject(f"missing object {key}") from exc
+                if code == "InvalidRange":
+                    raise WrongObject(f"{key} is shorter than {size} bytes") from exc
+                raise
+            stored = _total_size(answer.get("ContentRange", ""))
+            if stored is not None and stored != size:
+                raise WrongObject(f"{key} is {stored} bytes, the manifest says {size}")
             crc = 0
             received = 0
             pieces: list[bytes] = []
@@ -405,7 +438,14 @@ class S3Store(Store):
 
     async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
         """Ranged parallel download; each range's CRC32C is taken while its bytes are in
-        memory and the ranges' CRCs are combined, so the file is never read back."""
+        memory and the ranges' CRCs are combined, so the file is never read back. An empty
+        file takes no range: its one request is a HEAD, that it is there and empty."""
+        if size == 0:
+            info = await self.head(key)
+            if info is None:
+                raise WrongObject(f"missing object {key}")
+            if info.size:
+                raise WrongObject(f"{key} is {info.size} bytes, the manifest says 0")
         os.ftruncate(fd, size)
         # One write into the file at a time: concurrent writers of one file queue on its
         # inode lock in the kernel, spinning on the CPU while the holder copies (most of a
@@ -414,7 +454,8 @@ class S3Store(Store):
 
         async def fetch(start: int) -> tuple[int, int]:
             length = min(self.range_size, size - start)
-            return await self._fetch_range(key, fd, start, length, file_lock), length
+            crc = await self._fetch_range(key, fd, start, length, file_lock, size=size)
+            return crc, length
 
         ranges = await asyncio.gather(*(fetch(s) for s in range(0, size, self.range_size)))
         actual = checksum.encode(checksum.combine_all(ranges))

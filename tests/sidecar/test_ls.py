@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sidecar import marks
 from sidecar.config import AgentConfig
 from sidecar.storage.factory import open_store
 from tests.sidecar.helpers import commit, make_checkpoint
@@ -20,8 +21,9 @@ def _seed(config: AgentConfig, tmp_path: Path) -> None:
     async def main() -> None:
         async with open_store(config) as store:
             await commit(store, make_checkpoint(tmp_path, 100, {"m": 2048}), 100, kind="jit")
-            await commit(store, make_checkpoint(tmp_path, 200, {"m": 10, "n": 3}), 200)
-            await store.delete(["checkpoint-200/n"])
+            await commit(store, make_checkpoint(tmp_path, 150, {"m": 10}), 150)
+            await marks.put(store, 150, marks.TORN, 0, why="missing object m", pod="pod-a")
+            await commit(store, make_checkpoint(tmp_path, 200, {"m": 10, "n": 3}), 200, nnodes=2)
 
     asyncio.run(main())
 
@@ -43,15 +45,17 @@ def test_ls_table_and_json(config: AgentConfig, tmp_path: Path) -> None:
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["STEP", "STATE", "KIND", "NODES", "SIZE", "TIME", "REASON"]
-    assert lines[1].split()[:4] == ["200", "torn", "periodic", "1"]
-    assert lines[1].endswith("missing object n (node 0)")
-    assert lines[2].split()[:4] == ["100", "valid", "jit", "1"]
+    assert lines[1].split()[:5] == ["200", "torn", "periodic", "2", "-"]
+    assert lines[1].endswith("manifests from 1 of 2 nodes (missing node-1)")
+    assert lines[2].split()[:4] == ["150", "torn", "periodic", "1"]
+    assert lines[2].endswith("node 0 found it torn: missing object m")
+    assert lines[3].split()[:4] == ["100", "valid", "jit", "1"]
     listed = json.loads(_ls(config, "--json").stdout)
     rows = {row["step"]: row for row in listed["checkpoints"]}
     assert rows[100]["state"] == "valid" and rows[100]["reason"] == ""
     assert rows[100]["uri"] == config.destination + "/checkpoint-100"
     assert rows[100]["size"] > 2048
-    assert rows[200]["state"] == "torn"
+    assert rows[200]["state"] == "torn" and rows[200]["size"] is None
 
 
 def test_ls_empty_and_bad_destination(config: AgentConfig, tmp_path: Path) -> None:
@@ -93,6 +97,7 @@ def test_ls_prints_no_text_a_manifest_planted(config: AgentConfig, tmp_path: Pat
     assert table.returncode == 0, table.stderr
     assert not any(c in table.stdout for c in "\x1b\x07\r"), table.stdout
     lines = table.stdout.splitlines()
-    assert len(lines) == 5, lines  # the header and checkpoints 301, 300, 200, 100
+    assert len(lines) == 6, lines  # the header and checkpoints 301, 300, 200, 150, 100
     steps = {line.split()[0]: line.split()[1] for line in lines[1:]}
-    assert steps == {"301": "torn", "300": "torn", "200": "torn", "100": "valid"}, lines
+    expected = {"301": "torn", "300": "torn", "200": "torn", "150": "torn", "100": "valid"}
+    assert steps == expected, lines

@@ -13,6 +13,7 @@ import pytest
 
 from shim import layout, protocol
 from sidecar import manifest as mf
+from sidecar import summary
 from sidecar.config import nproc_of_job
 from sidecar.nodefiles import NodeLayout
 from sidecar.restore import RestoreResult, restore
@@ -110,11 +111,14 @@ def test_a_path_any_node_lists_unmarked_is_downloaded(tmp_path: Path) -> None:
     [("local", "yes"), ("local", 1), ("nproc_per_node", 0), ("nproc_per_node", True),
      ("nproc_per_node", "1"), ("nproc_per_node", 1 << 40)],
 )  # fmt: skip
+@pytest.mark.parametrize("recorded", [True, False])
 def test_a_hostile_mark_makes_the_checkpoint_torn(
-    tmp_path: Path, field: str, value: object
+    tmp_path: Path, field: str, value: object, recorded: bool
 ) -> None:
-    """Written into the store by someone else: the manifest is refused where it is read,
-    the checkpoint skipped with its reason, the older valid one restored."""
+    """Written into the store by someone else: the manifest no longer matches the commit
+    record (every node lists it), or, without a record (an older sidecar's checkpoint),
+    it is refused where it is read; the checkpoint is skipped with its reason, the older
+    valid one restored."""
     store = _written(tmp_path, nproc=1)
     older = make_checkpoint(tmp_path, 5, {"a.bin": 10})
 
@@ -127,13 +131,19 @@ def test_a_hostile_mark_makes_the_checkpoint_torn(
         else:
             raw[field] = value
         await store.put_bytes(key, json.dumps(raw).encode())
+        if not recorded:
+            await store.delete([summary.record_key(7)])
 
     asyncio.run(plant())
     target = tmp_path / "local" / "checkpoints"
     result = asyncio.run(restore(store, target, NodeLayout(0, 2, 1)))
     assert result.step == 5
     assert [s.step for s in result.skipped] == [7]
-    assert "manifest node-1.json is invalid" in result.skipped[0].reason
+    if recorded:
+        assert "manifest node-1.json is " in result.skipped[0].reason
+        assert "bytes, the commit record says" in result.skipped[0].reason
+    else:
+        assert "manifest node-1.json is invalid" in result.skipped[0].reason
     assert not (tmp_path / "local" / "checkpoints" / "checkpoint-7").exists()
 
 

@@ -107,7 +107,7 @@ def test_errors_of_the_training_itself_are_not_blamed_on_the_checkpoint(tmp_path
 
 def test_any_node_sets_it_aside_for_every_node(tmp_path: Path) -> None:
     async def body(store: Store) -> None:
-        node0 = setaside.ResumeWatch(store, NEWER, 0, 2, "job-1-master-0")
+        node0 = setaside.ResumeWatch(store, NEWER, 0, 2, "job-1-master-0", refresh_seconds=0)
         node1 = setaside.ResumeWatch(store, NEWER, 1, 2, "job-1-worker-0")
         assert await node0.refresh() == ""
         await _failed_start(node1, 300)

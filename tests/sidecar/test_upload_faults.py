@@ -62,9 +62,12 @@ FAULTS = {
     "reset mid-upload": lambda p: p.reset(times=3, method="PUT", during="request"),
     "reset mid-download": lambda p: p.reset(times=3, method="GET", during="response"),
     "stall": lambda p: p.stall(4.0, times=2, method="PUT"),
-    "500 on list and head": lambda p: (
+    "500 on list and the commit record": lambda p: (
         p.fail(500, "InternalError", times=2, path="list-type"),
-        p.fail(503, "SlowDown", times=2, method="HEAD"),
+        p.fail(503, "SlowDown", times=2, method="GET", path=r"\.jitckpt/commit\.json"),
+    ),
+    "503 on the commit record's write": lambda p: p.fail(
+        503, "SlowDown", times=2, method="PUT", path=r"\.jitckpt/commit\.json"
     ),
 }
 
