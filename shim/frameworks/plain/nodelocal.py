@@ -11,6 +11,11 @@ here, and only where it is known for certain:
   that does not find its file does not resume, and the ranks of a sharded
   loop agree on the step before anything is read (``loop._agree_sharded``):
   every rank starts over, said once.
+- ``loop-state/node-<k>.json`` of a node ``k`` other than 0: the node's
+  marker, read by node ``k``'s ranks only (each reads its own node's and
+  node 0's, which says how many processes wrote the checkpoint). Left
+  unmarked, every node would download every node's marker, and read every
+  node's manifest to find them: requests that grow with the job.
 - DCP's ``__<R>_<i>.distcp`` files whose every item is a part of a tensor
   (not the whole tensor) when every DTensor of the saved state is sharded on
   every mesh dimension of more than one rank (FSDP2's ``fully_shard``, and
@@ -22,7 +27,7 @@ here, and only where it is known for certain:
   other ranks' files stay their own. A file missing at load fails DCP's
   read on every rank, and the loop starts over.
 
-Everything else (``.metadata``, the node markers, Accelerate's registered
+Everything else (``.metadata``, node 0's marker, Accelerate's registered
 objects) is read by any node and stays unmarked, as do DDP loops' files: their
 ranks do not agree before resuming, so a rank without its file would start
 over alone.
@@ -38,6 +43,7 @@ from ...log import failed
 from .shardedstate import DCP_DIR
 
 RANK_FILE = re.compile(r"loop-state/rank-[0-9]+\.pt")
+OTHER_NODE_MARKER = re.compile(r"loop-state/node-[1-9][0-9]*\.json")
 _DCP_PREFIX = DCP_DIR.replace(os.sep, "/") + "/"
 
 
@@ -114,7 +120,7 @@ def marker(dcp_own: FrozenSet[str]) -> Callable[[str], bool]:
     """Whether a staged name (relative to the checkpoint) is read by this node's ranks only."""
 
     def local(name: str) -> bool:
-        if RANK_FILE.fullmatch(name):
+        if RANK_FILE.fullmatch(name) or OTHER_NODE_MARKER.fullmatch(name):
             return True
         return name.startswith(_DCP_PREFIX) and name[len(_DCP_PREFIX) :] in dcp_own
 
