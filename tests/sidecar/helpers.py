@@ -55,6 +55,31 @@ async def commit(
             opened.close()
 
 
+def sharded_files(node: int, nproc: int) -> tuple[dict[str, int], frozenset[str]]:
+    """Node ``node``'s files (name: size) as a plain FSDP2 loop of ``nproc`` processes per
+    node stages them, and those marked node-local: each rank's shard and state its own,
+    node 0's DCP ``.metadata`` read by every node."""
+    sizes = {}
+    for rank in range(node * nproc, (node + 1) * nproc):
+        sizes[f"dcp/__{rank}_0.distcp"] = 48
+        sizes[f"rank-{rank:05d}.pt"] = 48
+    local = frozenset(sizes)
+    if node == 0:
+        sizes["dcp/.metadata"] = 48
+    return sizes, local
+
+
+async def commit_sharded(
+    store: Store, scratch: Path, step: int, *, node: int, nnodes: int, nproc: int
+) -> CommitResult:
+    """Node ``node`` of ``nnodes`` commits its ``sharded_files`` of ``checkpoint-<step>``."""
+    sizes, local = sharded_files(node, nproc)
+    source = make_checkpoint(scratch, step, sizes, seed=node)
+    return await commit(
+        store, source, step, node_rank=node, nnodes=nnodes, nproc_per_node=nproc, local=local
+    )
+
+
 def open_file(directory: Path, path: Path) -> OpenedFile:
     """A test's own file opened as the sidecar opens staged ones, named relative to
     ``directory`` (its name in the checkpoint)."""

@@ -196,3 +196,40 @@ def test_a_checkpoint_that_cannot_be_restored_is_skipped_not_fatal(
 
 def _crc(body: bytes) -> str:
     return checksum.encode(google_crc32c.value(body))
+
+
+def test_hostile_commit_records_are_torn(hostile: tuple[AgentProcess, Seeder]) -> None:
+    """Issue 38: the record is read by every node, so it is validated where it is read like
+    a manifest (bounded, strict, consecutive nodes, printable) and then held to the
+    listing: a record that names manifests that are not there makes nothing valid."""
+    agent, seeder = hostile
+    entry = {
+        "node": 0, "manifest_size": 10, "sha256": "0" * 64, "kind": "jit", "files": 1,
+        "file_bytes": 1, "shared": 1, "time": "2025-01-01T00:00:00+00:00",
+    }  # fmt: skip
+
+    def record(step: int, padding: int = 0, **fields: object) -> None:
+        body = {"version": 1, "step": step, "nnodes": 1, "first": 0, "nodes": [entry], **fields}
+        data = json.dumps(body).encode() + b" " * padding
+        seeder.put(f"checkpoint-{step}/.jitckpt/commit.json", data)
+        seeder.put(f"checkpoint-{step}/model.bin", b"w")
+
+    record(10)  # names a manifest nobody wrote
+    record(11, padding=5 * MIB)  # too large to be read
+    record(12, nnodes=10**6)
+    record(13, nodes=[dict(entry, time="2025-01-01T00:00:00+00:00\x1b[2J")])
+    record(14, nodes=[dict(entry, node=1)])  # not node 0 first
+    seeder.put("checkpoint-15/.jitckpt/commit.json", b"[" * 100_000)
+    seeder.checkpoint(16, {"model.bin": b"weights"})  # a good manifest, a record of another
+    record(16, nodes=[dict(entry, manifest_size=12345)])
+    agent.start()
+    agent.wait_ready(60)
+    assert agent.status()["restored"]["step"] == 2
+    skipped = _skipped(agent)
+    assert sorted(skipped) == list(range(10, 17)), skipped
+    assert skipped[10] == "manifests from 0 of 1 nodes (missing node-0)", skipped[10]
+    assert "more than the 4194304 a record may have" in skipped[11], skipped[11]
+    assert all(skipped[s].startswith("the commit record is invalid") for s in (12, 13, 14, 15))
+    assert "the commit record says 12345" in skipped[16], skipped[16]
+    assert all("\x1b" not in reason for reason in skipped.values())
+    assert agent.terminate() == 0
