@@ -6,8 +6,9 @@ else is the same for all of them and lives here, so that they cannot drift
 apart:
 
 - the resume step, agreed by every rank (MIN of what each can resume from);
-- the stop flag, agreed by every rank at the step boundary (MAX), so every
-  rank of every node stops at the same step even when one pod got SIGTERM;
+- the stop flag, agreed by every rank through the job's store (``agreement``), so
+  every rank of every node stops at the same step even when one pod got SIGTERM,
+  with no collective at a step end;
 - progress reports, and the final one at the end of training;
 - staging a written ``checkpoint-<step>`` for the sidecar (local rank 0, once
   every local rank has written), a JIT one streamed file by file while it is
@@ -32,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
-from . import dist, final, pids, streaming
+from . import agreement, dist, final, pids, streaming
 from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
@@ -61,8 +62,6 @@ EXIT_DEADLINE_SECONDS = 10.0
 EXIT_AFTER_STACKS_SECONDS = 0.5
 # Values of the hold agreement (all-reduce MAX): nothing yet, give up, SIGTERM came.
 _HOLD_WAIT, _HOLD_GIVE_UP, _HOLD_STOP = 0, 1, 2
-# Votes at a step end (all-reduce MAX): train on, stop for a JIT save, every rank leaves.
-_VOTE_GO, _VOTE_STOP, _VOTE_LEAVE = 0, 1, 2
 
 
 def hand_over(
@@ -132,6 +131,7 @@ class TrainingRun:
         self._held = False
         self._stream: Optional[streaming.Stream] = None  # the JIT checkpoint being streamed
         self.left = False  # some rank could no longer follow the loop: no more agreement
+        self._agreement: Optional[agreement.StopAgreement] = None  # from the first step end
         # Collective, run by every rank at each look while the demo holds: a periodic checkpoint
         # being written behind the loop is staged once written, as the next step end would.
         self.while_held: Optional[Callable[[], None]] = None
@@ -190,10 +190,11 @@ class TrainingRun:
     def at_step_end(self, step: int, max_steps: int, epoch: float, leave: bool = False) -> bool:
         """Report progress and agree on the stop; True when every rank stops at ``step``.
 
-        Collective: every rank calls it after every optimizer step. Sets
+        Every rank calls it after every optimizer step; it is no collective (a
+        lock and two local values while nobody asked to stop: ``agreement``). Sets
         ``jit_step`` when the answer is True. ``leave``: this rank can no
         longer follow the loop; when any rank says so, every rank leaves at
-        this step (``left`` turns True, the answer is False) and the run
+        one step (``left`` turns True, the answer is False) and the run
         agrees on nothing more, so no rank waits in a collective the others
         have stopped calling.
         """
@@ -203,18 +204,22 @@ class TrainingRun:
             return False
         if self.hold_at_step is not None and step >= self.hold_at_step and not self._held:
             self._held = True
-            if dist.all_reduce_int(_VOTE_LEAVE if leave else _VOTE_GO, maximum=True):
+            if dist.all_reduce_int(agreement.LEAVE if leave else agreement.GO, maximum=True):
                 self.left = True
                 return False
             stop = self._hold(step, max_steps, epoch)
         else:
             self.process.link.progress(step, max_steps, epoch)
-            vote = _VOTE_LEAVE if leave else (_VOTE_STOP if FLAG.raised else _VOTE_GO)
-            agreed = dist.all_reduce_int(vote, maximum=True)
-            if agreed == _VOTE_LEAVE:
+            if self._agreement is None:
+                self._agreement = agreement.StopAgreement.for_job(step)
+            wants = agreement.LEAVE if leave else (agreement.STOP if FLAG.raised else agreement.GO)
+            decision = self._agreement.at_step_end(step, wants)
+            if decision is None:
+                return False
+            if decision.vote == agreement.LEAVE:
                 self.left = True
                 return False
-            stop = agreed == _VOTE_STOP
+            stop = True
         if stop:
             self.jit_step = step
             say("stopping at step %d for a JIT checkpoint" % step)
@@ -343,6 +348,9 @@ class TrainingRun:
         step boundary, and one that came after the last boundary acts now, as it would
         have without jitckpt."""
         FLAG.armed = False
+        if self._agreement is not None:
+            self._agreement.close()
+            self._agreement = None  # the next training call agrees anew
         if FLAG.raised and self.jit_step is None:
             FLAG.raised = False
             FLAG.deliver_as_before()

@@ -76,10 +76,38 @@ def test_sigterm_saves_at_next_step_exits_143_and_resume_is_bitwise(
     assert_same_weights(tmp_path / "resumed.pt", tmp_path / "reference.pt")
 
 
+COUNTED_COLLECTIVES_SCRIPT = """
+import sys, traceback
+import torch.distributed as dist
+from transformers import TrainerCallback
+from local.demo import train_tiny
+
+calls = [0]
+for name in ("all_reduce", "all_gather", "broadcast", "barrier", "all_gather_object"):
+    def counted(*args, _original=getattr(dist, name), **kwargs):
+        if "/shim/" in traceback.extract_stack(limit=2)[0].filename:  # the shim called it
+            calls[0] += 1
+        return _original(*args, **kwargs)
+    setattr(dist, name, counted)
+
+class Counting(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        print(f"rank {dist.get_rank()} shim collectives before step end {state.global_step}: "
+              f"{calls[0]}", flush=True)
+
+original = train_tiny.make_callbacks
+train_tiny.make_callbacks = lambda sleep: [Counting(), *original(sleep)]
+sys.exit(train_tiny.main())
+"""
+
+
 @pytest.mark.slow
 def test_torchrun_sigterm_to_one_worker_stops_both_at_the_same_step(
     shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
+    """With no collective of the shim's at a step end: the ranks agree through the store."""
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED_COLLECTIVES_SCRIPT)
     run = spawn(
         [
             str(Path(PYTHON).with_name("torchrun")),
@@ -87,7 +115,7 @@ def test_torchrun_sigterm_to_one_worker_stops_both_at_the_same_step(
             "2",
             "--master-port",
             "29531",
-            *TRAIN_TINY,
+            str(script),
             "--output-dir",
             str(tmp_path / "out"),
             "--max-steps",
@@ -125,6 +153,15 @@ def test_torchrun_sigterm_to_one_worker_stops_both_at_the_same_step(
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= names
     assert output.count("exitcode  : 143") == 2
     assert "train() returned" not in output
+    # Between the first step end and the stop, the shim asked for no collective at all.
+    for rank in ("0", "1"):
+        counts = [
+            int(line.rsplit(": ", 1)[1])
+            for line in output.splitlines()
+            if line.startswith(f"rank {rank} shim collectives before step end ")
+            and 2 <= int(line.split("step end ")[1].split(":")[0]) <= step
+        ]
+        assert len(counts) >= 2 and len(set(counts)) == 1, (rank, counts)
 
 
 SLOW_SAVE_SECONDS = 32  # more than torchrun's default 30 s
