@@ -6,8 +6,8 @@ take, so staged checkpoints pile up unless the sidecar bounds them. After
 step `SIGTERM_AFTER_STEP` the trainer gets SIGTERM; once it has exited the
 agent gets SIGTERM too, as the kubelet does with a native sidecar once the
 pod's main containers ended. Measured from the trainer's SIGTERM:
-- JIT committed: the JIT checkpoint's node manifest is in the bucket (polled
-  every 50 ms);
+- JIT committed: the JIT checkpoint's commit record (written after the node
+  manifest) is in the bucket (polled every 50 ms);
 - pod gone: the agent process has exited (the trainer exited before it).
 And, sampled every 100 ms over the whole run: the local volume's bytes (each
 inode once, however many hard links it has), whose peak is compared with the
@@ -35,6 +35,7 @@ from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from shim import layout
+from sidecar.summary import RECORD_NAME
 
 NAME = "preemption"
 BUCKET = "bench-preempt"
@@ -50,7 +51,7 @@ MB = 1_000_000
 
 @dataclass(frozen=True)
 class Outcome:
-    committed: float  # SIGTERM to the JIT manifest in the bucket
+    committed: float  # SIGTERM to the JIT commit record in the bucket
     gone: float  # SIGTERM to the agent's exit
     peak_bytes: int  # the local volume at its fullest
     checkpoint_bytes: int  # one checkpoint of this node
@@ -104,10 +105,10 @@ def _client(s3_env: dict[str, str]) -> Any:
     )
 
 
-def _manifest_steps(client: Any) -> dict[int, int]:
-    """step -> bytes stored under checkpoint-<step>/, for the steps with a node manifest."""
+def _committed_steps(client: Any) -> dict[int, int]:
+    """step -> bytes stored under checkpoint-<step>/, for the steps with a commit record."""
     sizes: dict[int, int] = {}
-    manifests: set[int] = set()
+    committed: set[int] = set()
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=PREFIX + "/")
     for page in pages:
         for item in page.get("Contents", []):
@@ -115,11 +116,11 @@ def _manifest_steps(client: Any) -> dict[int, int]:
             step = layout.step_of(head)
             if step is None:
                 continue
-            if item["Key"].endswith(f"/{layout.MANIFEST_DIR}/node-0.json"):
-                manifests.add(step)
+            if item["Key"].endswith(f"/{layout.MANIFEST_DIR}/{RECORD_NAME}"):
+                committed.add(step)
             else:
                 sizes[step] = sizes.get(step, 0) + int(item["Size"])
-    return {step: sizes.get(step, 0) for step in manifests}
+    return {step: sizes.get(step, 0) for step in committed}
 
 
 def preempt(shape: ModelShape, sigterm_after: int, s3_env: dict[str, str]) -> Outcome:
@@ -150,14 +151,14 @@ def preempt(shape: ModelShape, sigterm_after: int, s3_env: dict[str, str]) -> Ou
                 gone = time.monotonic() - started
         finally:
             node.stop()
-        stored = _manifest_steps(client)
+        stored = _committed_steps(client)
     jit_step = max(stored)
     return Outcome(committed, gone, volume.peak, stored[jit_step])
 
 
 def _wait_for_jit(client: Any, after: int, started: float, node: JitckptNode) -> float:
     deadline = started + 600
-    while not any(step >= after for step in _manifest_steps(client)):
+    while not any(step >= after for step in _committed_steps(client)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no JIT commit after 600 s: {node.log_tail()}")
         time.sleep(0.05)

@@ -26,6 +26,7 @@ BENCHMARKS = (
     ("stall", "bench.stall"),
     ("fsdp2_save", "bench.fsdp2_save"),
     ("restore_bytes", "bench.restore_bytes"),
+    ("scale", "bench.scale"),
     ("training_wall", "bench.training_wall"),
     ("preemption", "bench.preemption"),
     ("sigterm_to_durable", "bench.sigterm_to_durable"),

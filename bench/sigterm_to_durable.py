@@ -3,8 +3,9 @@
 Three subjects train the same model (bench/workload.py) and get SIGTERM once
 step 3 has ended:
 - jitckpt: the real shim (PYTHONPATH) and the real agent (`jitckpt agent`),
-  with the environment the webhook sets; committed = the node manifest
-  `checkpoint-<step>/.jitckpt/node-0.json` is in the bucket (polled every 50 ms).
+  with the environment the webhook sets; committed = the commit record
+  `checkpoint-<step>/.jitckpt/commit.json` (written after the node manifest)
+  is in the bucket (polled every 50 ms).
 - hf-jit + s5cmd: transformers' `enable_jit_checkpoint` (it waits 3 s by
   design, then saves and returns from train()); when the process has exited,
   `s5cmd cp` of the checkpoint; committed = s5cmd exits 0.
@@ -36,6 +37,7 @@ from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from bench.transfer import run_s5cmd
 from shim import layout
+from sidecar.summary import RECORD_NAME
 
 if TYPE_CHECKING:
     from local.s3server import LocalS3
@@ -89,8 +91,8 @@ def _s3_client(s3_env: dict[str, str]) -> Any:
     )
 
 
-def _manifest_present(client: Any, prefix: str) -> bool:
-    suffix = f"/{layout.MANIFEST_DIR}/node-0.json"
+def _committed(client: Any, prefix: str) -> bool:
+    suffix = f"/{layout.MANIFEST_DIR}/{RECORD_NAME}"
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
     return any(item["Key"].endswith(suffix) for page in pages for item in page.get("Contents", []))
 
@@ -113,11 +115,11 @@ def run_jitckpt(work: Path, shape: ModelShape, s3_env: dict[str, str], timeout: 
             assert trainer.process is not None
             deadline = started + timeout
             exited: float | None = None
-            while not _manifest_present(client, prefix):
+            while not _committed(client, prefix):
                 if exited is None and trainer.process.poll() is not None:
                     exited = time.monotonic() - started
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no manifest after {timeout} s: {node.log_tail()}")
+                    raise TimeoutError(f"no commit after {timeout} s: {node.log_tail()}")
                 time.sleep(0.05)
             elapsed = time.monotonic() - started
             code = trainer.process.wait(timeout=timeout)
@@ -228,8 +230,8 @@ def size_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
                 {"sigterm_to_saved_s": [o.saved_seconds for o in outcomes[SYNC]]},
             ),
         ],
-        note="sigterm_to_durable: SIGTERM after step 3; jitckpt committed = node "
-        "manifest in S3; peers committed = s5cmd cp exit 0 after the trainer exited; "
+        note="sigterm_to_durable: SIGTERM after step 3; jitckpt committed = commit "
+        "record in S3; peers committed = s5cmd cp exit 0 after the trainer exited; "
         "upload floor = that s5cmd cp alone, in the sync-save runs (the same "
         "checkpoint files); floor = SIGTERM to the sync-save run's train_end (its save "
         "done) + that upload floor; 2 GB: 1 repetition (make bench stays within 45 minutes)",

@@ -17,6 +17,7 @@ from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn, checkpoint_st
 from tests.sidecar.agentproc import AgentProcess
 
 MANIFEST = ".jitckpt/node-0.json"
+RECORD = ".jitckpt/commit.json"
 
 
 def uploaded(local_s3: LocalS3, destination: str) -> dict[int, set[str]]:
@@ -192,7 +193,7 @@ def test_plain_loop_checkpoints_staged_once_complete(
     agent.wait_for(lambda: agent.committed_step() == 3, 60, "the last commit")
     objects = uploaded(local_s3, agent.destination)
     assert {step: names for step, names in objects.items()} == {
-        step: {"state.pt", MANIFEST} for step in (1, 2, 3)
+        step: {"state.pt", MANIFEST, RECORD} for step in (1, 2, 3)
     }
 
 
