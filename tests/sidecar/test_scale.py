@@ -21,6 +21,7 @@ from sidecar.config import AgentConfig
 from sidecar.nodefiles import NodeLayout
 from sidecar.restore import restore
 from sidecar.storage.factory import open_store
+from sidecar.validity import judge
 from tests.sidecar.helpers import commit_sharded, sharded_files
 from tests.support.faultproxy import FaultProxy
 
@@ -96,3 +97,27 @@ def test_a_nodes_requests_do_not_grow_with_the_job(
     assert (
         last["PUT"] == len(sharded_files(47, NPROC)[0]) + 1 + 2
     )  # the group summary and the record
+
+
+def test_nodes_committing_at_once_into_a_throttled_store_all_commit(
+    through_proxy: FaultProxy, bucket: str, tmp_path: Path
+) -> None:
+    """8 nodes, each with its own store client, commit at once through a store that answers
+    SlowDown above 10 writes and 20 reads a second (S3 does above a prefix's rate): every
+    request refused is retried with backoff, and the checkpoint ends committed."""
+    nnodes = 8
+    through_proxy.throttle(10, ("PUT", "POST", "DELETE"))
+    through_proxy.throttle(20, ("GET", "HEAD"))
+    config = AgentConfig(destination=f"s3://{bucket}/ns/throttled")
+
+    async def node(rank: int) -> None:
+        async with open_store(config) as store:
+            await commit_sharded(store, tmp_path, STEP, node=rank, nnodes=nnodes, nproc=NPROC)
+
+    async def main() -> bool:
+        await asyncio.gather(*(node(rank) for rank in range(nnodes)))
+        async with open_store(config) as store:
+            return (await judge(store, STEP)).valid
+
+    assert asyncio.run(main())
+    assert through_proxy.injected("SlowDown") > 0
