@@ -122,7 +122,7 @@ async def why_not(store: Store, step: int, nnodes: int, keys: set[str]) -> str:
     for kind in (marks.SET_ASIDE, marks.TORN):
         nodes = marks.marked(keys, step, kind, nnodes)
         if nodes:
-            why = await marks.reason(store, step, kind, nodes[0])
+            why = await marks.reason(store, step, kind, nodes[0]) or f"by node {nodes[0]}"
             return why if kind == marks.SET_ASIDE else f"node {nodes[0]} found it torn: {why}"
     return ""
 
@@ -132,20 +132,19 @@ async def scan(store: Store) -> AsyncIterator[CheckpointState]:
     ``set_aside`` says why, and so does its ``reason``. A store error while the mark is
     read makes that checkpoint torn (``store_error``), as a judging error does."""
     async for state in scan_valid(store):
-        nodes = state.nnodes or 0
-        marked = marks.marked(state.keys, state.step, marks.SET_ASIDE, nodes)
-        if state.valid and marked:
+        if state.valid:  # no node's torn mark: only a set-aside one can be found
             try:
-                why = await marks.reason(store, state.step, marks.SET_ASIDE, marked[0])
+                why = await why_not(store, state.step, state.nnodes or 0, state.keys)
             except StoreError as exc:  # as ``validity.scan``: that checkpoint torn, not the restore
                 state.valid = False
                 state.store_error = True
                 state.reason = f"the store refused to read its set-aside mark: {exc}"
                 yield state
                 continue
-            state.valid = False
-            state.set_aside = why or f"set aside by node {marked[0]}"
-            state.reason = f"set aside: {state.set_aside}"
+            if why:
+                state.valid = False
+                state.set_aside = why
+                state.reason = f"set aside: {why}"
         yield state
 
 
