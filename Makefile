@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 SCANNER_VENV := .venv-checkov
 SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
+# torchtitan's trainer runs unchanged in the end-to-end tests. Without its own pins: it
+# caps `datasets` below the version TRL needs and asks for wandb and tensorboard, none of
+# which the trainer imports for those runs; what it does import is in the dev extra.
+TORCHTITAN := torchtitan==0.3.0
 
 .PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench images images-deps images-check clean
 
@@ -21,6 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps $(TORCHTITAN)
 	touch $(STAMP)
 
 $(SCANNER): Makefile

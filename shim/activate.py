@@ -25,6 +25,7 @@ TORCH_DISTRIBUTED_MODULE = "torch.distributed"
 TORCH_MODULE = "torch"
 ACCELERATE_DATA_MODULE = "accelerate.data_loader"
 ACCELERATOR_MODULE = "accelerate.accelerator"
+STATEFUL_LOADER_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"
 # Where the save_pretrained a plain loop's final model may be written with is defined.
 SAVE_PRETRAINED_MODULES = ("transformers.modeling_utils", "transformers.tokenization_utils_base")
 
@@ -76,6 +77,11 @@ def _on_torch(config: ShimConfig) -> None:
 
         plainloop.install_accelerator(module)
 
+    def stateful_loader(module: ModuleType) -> None:
+        from .frameworks.plain import loop as plainloop
+
+        plainloop.install_stateful_loader(module)
+
     def save_pretrained(module: ModuleType) -> None:
         from . import finalsaves
 
@@ -84,6 +90,7 @@ def _on_torch(config: ShimConfig) -> None:
     when_imported(TORCH_MODULE, hook)
     when_imported(ACCELERATE_DATA_MODULE, accelerate)
     when_imported(ACCELERATOR_MODULE, accelerator)
+    when_imported(STATEFUL_LOADER_MODULE, stateful_loader)
     for name in SAVE_PRETRAINED_MODULES:
         when_imported(name, save_pretrained)
 

@@ -33,6 +33,11 @@ save point was read before the step that came before it: the random states
 just before that read (the *look-ahead* states) are recorded, put back for
 the same read after a resume, and the step's states after it.
 
+A loader that keeps its own place (``ownplace``: torchdata's
+``StatefulDataLoader``, a dataset with ``state_dict()``) is not replayed:
+its finished passes yield nothing as any loader's, and the interrupted pass
+begins from the holder's saved state.
+
 HF's Trainer and Lightning own their loops: the tracker then only records
 (``FOLLOW_ONLY``) and their integrations replay a pass through ``arm``.
 """
@@ -44,7 +49,7 @@ import signal
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from . import rngstate
+from . import ownplace, rngstate
 
 ATTR_TRACK = "_jitckpt_track"
 ATTR_POSITION = "_jitckpt_position"
@@ -53,6 +58,7 @@ NO_BATCH = (
     "an optimizer step came without a new batch from a DataLoader "
     "(itertools.cycle, a list of batches, or batches made another way)"
 )
+NO_BATCH_SEEN = "an optimizer step came without a batch the shim saw"
 NEW_ITERATOR_PER_BATCH = "a new iterator for every batch (next(iter(loader)))"
 
 
@@ -146,6 +152,8 @@ class LoaderPlan:
         # length differs, its DistributedSampler must be ``sampler`` (``reshard``).
         self.resharded = bool(saved.get("resharded"))
         self.sampler: Optional[Dict[str, Any]] = saved.get("sampler")
+        # A loader that keeps its own place: its holder's state at the save point (``ownplace``).
+        self.own: Optional[Dict[str, Any]] = saved.get("own")
 
     def samples(self) -> Optional[int]:
         """Samples per rank to skip at the pass's start (None: whole batches are skipped)."""
@@ -160,10 +168,17 @@ class LoaderPlan:
 class LoaderTrack:
     """One data loader of this process."""
 
-    def __init__(self, index: int, signature: Dict[str, Any], problem: Optional[str]) -> None:
+    def __init__(
+        self,
+        index: int,
+        signature: Dict[str, Any],
+        problem: Optional[str],
+        own: Optional[str] = None,
+    ) -> None:
         self.index = index
         self.signature = signature
         self.problem = problem  # why its position cannot be replayed (None: it can)
+        self.own = own  # ``ownplace``'s holder kind: the loader keeps its own place
         self.iterations = 0  # passes begun so far (the next one gets this number)
         self.current: Optional[Position] = None
         self.training: List[List[int]] = []  # [first, last] ranges of training passes
@@ -207,13 +222,17 @@ class CatchUp:
         settle: Optional[Callable[[], None]] = None,
         *,
         samples: Optional[int] = None,
+        own: Optional[Dict[str, Any]] = None,
     ) -> None:
         # Worker processes draw random numbers the checkpoint cannot hold: replay through them.
         # Skipped samples (a pass resumed on another number of processes) are never read: the
         # workers' random streams of the old processes cannot be had again anyway.
+        # A loader that keeps its own place is put back to it (``own``), never caught up.
         self.samples = samples
-        self.skip: Optional[int] = None if workers or samples is not None else yielded
-        self.drain = yielded if workers and samples is None else 0
+        self.own = own
+        caught_up = samples is not None or own is not None
+        self.skip: Optional[int] = None if workers or caught_up else yielded
+        self.drain = yielded if workers and not caught_up else 0
         self.resume = resume  # the pass's next batch request is the resume point
         self.lookahead = lookahead
         self.settle = settle
@@ -307,7 +326,13 @@ class Tracker:
 
     # -- building ---------------------------------------------------------------
     def created_loader(self, loader: Any) -> None:
-        track = LoaderTrack(self.created, _signature(loader), self._problem(loader))
+        if isinstance(loader.__dict__.get(ATTR_TRACK), LoaderTrack):
+            return  # a loader class whose ``__init__`` and its base's both note it
+        own = ownplace.holder_kind(loader)
+        problem = ownplace.problem(loader, own) if own is not None else self._problem(loader)
+        track = LoaderTrack(self.created, _signature(loader), problem, own)
+        if own is not None and not _iterates_as_dataloader(loader):
+            ownplace.follow_iter(type(loader), _own_iter)
         self.created += 1
         loader.__dict__[ATTR_TRACK] = track
         track.loader = weakref.ref(loader)
@@ -317,14 +342,16 @@ class Tracker:
             self._attach(track, plan)
 
     def _problem(self, loader: Any) -> Optional[str]:
-        from torch.utils.data import DataLoader
         from torch.utils.data.dataloader import _DatasetKind
 
         kind = type(loader).__name__
-        if type(loader).__iter__ is not DataLoader.__iter__:
-            return "%s has its own __iter__" % kind
+        if not _iterates_as_dataloader(loader):
+            return "%s has its own __iter__ (and no state_dict() to save its place)" % kind
         if loader._dataset_kind == _DatasetKind.Iterable:
-            return "a DataLoader over an IterableDataset (its place cannot be found again)"
+            return (
+                "a DataLoader over an IterableDataset without state_dict() (its place cannot "
+                "be found again)"
+            )
         if loader.persistent_workers and loader.num_workers > 0:
             return (
                 "persistent DataLoader workers (their random states carry over between passes: "
@@ -414,9 +441,14 @@ class Tracker:
                 replay.trigger,
                 replay.lookahead,
                 samples=replay.samples(),
+                own=replay.own if track.own is not None else None,
             )
         start = replay.start if replay is not None else None
-        return self.open(track, loader, make, shard, start=start, catch_up=catch_up)
+        iterator = self.open(track, loader, make, shard, start=start, catch_up=catch_up)
+        own = replay is not None and catch_up is not None and catch_up.own is not None
+        if own and replay is not None and track.current is not None:
+            track.current.yielded = replay.yielded  # the holder's state is past them
+        return iterator
 
     def open(
         self,
@@ -498,6 +530,10 @@ class Tracker:
 
     @staticmethod
     def _build(track: LoaderTrack, make: Callable[[], Any], catch_up: Optional[CatchUp]) -> Any:
+        if catch_up is not None and catch_up.own is not None and track.own is not None:
+            loader = track.loader() if track.loader is not None else None
+            ownplace.put_back(loader, track.own, catch_up.own)
+            return make()
         if catch_up is not None:
             track.pending_skip, track.pending_samples = catch_up.skip, catch_up.samples
         try:
@@ -611,7 +647,16 @@ class Tracker:
                 problem = "DataLoader #%d: %s" % (track.index, track.problem)
         if problem is not None:
             return problem
-        return None if self.in_last_step else NO_BATCH
+        return None if self.in_last_step else self._unseen_batches()
+
+    def _unseen_batches(self) -> str:
+        """Why the step's batches were not seen: the newest loader alive that the shim could
+        not follow, by its own reason, or else that none of them gave one."""
+        for track in sorted(self.tracks.values(), key=lambda t: -t.index):
+            alive = track.loader is not None and track.loader() is not None
+            if alive and track.problem is not None:
+                return "%s; DataLoader #%d: %s" % (NO_BATCH_SEEN, track.index, track.problem)
+        return NO_BATCH
 
     def epoch(self) -> float:
         """The loop's place in epochs: the pass it took a batch from last, and how far in."""
@@ -653,6 +698,7 @@ class Tracker:
                     "lookahead": lookahead,
                     "offset": position.offset,
                     "sampler": distributed_sampler(track.loader() if track.loader else None),
+                    "own": _own_state(track) if going_on else None,
                 }
             )
         return saved
@@ -718,6 +764,35 @@ def replay_first(iterator: Any, batches: int, then: Callable[[], None]) -> None:
     """At ``iterator``'s first batch request, read ``batches`` through its workers, drop
     them, then call ``then`` (for a framework whose sampler already replayed the order)."""
     iterator.__dict__[ATTR_CATCH_UP] = (batches, then)
+
+
+def _own_state(track: LoaderTrack) -> Optional[Dict[str, Any]]:
+    """The place of a loader that keeps its own (None: any other loader)."""
+    loader = track.loader() if track.loader is not None else None
+    if track.own is None or loader is None:
+        return None
+    return ownplace.state(loader, track.own)
+
+
+def _iterates_as_dataloader(loader: Any) -> bool:
+    """Whether ``iter()`` of the loader is torch's own (patched in ``install``)."""
+    from torch.utils.data import DataLoader
+
+    return type(loader).__iter__ is DataLoader.__iter__
+
+
+def _own_iter(loader: Any, make: Callable[[], Any]) -> Any:
+    """``iter()`` of a loader class with its own ``__iter__`` that keeps its own place."""
+    track: Optional[LoaderTrack] = loader.__dict__.get(ATTR_TRACK)
+    if track is None or not TRACKER.on:
+        return make()
+    try:
+        if track.outer:
+            return TRACKER.nested(track, make)
+        return TRACKER.begin(track, loader, make, None)
+    except Exception as exc:
+        TRACKER.listener.tracking_failed(exc)
+        return make()
 
 
 def _track_of(loader: Any) -> Optional[LoaderTrack]:
@@ -805,7 +880,9 @@ def _workers(loader: Any) -> bool:
 def _samplers(loader: Any) -> List[Any]:
     """The loader's index sampler and every sampler it draws from."""
     found: List[Any] = []
-    pending = [loader.__dict__.get("batch_sampler") or loader.__dict__.get("sampler")]
+    found_in = loader.__dict__
+    first = found_in.get("batch_sampler")  # never by truth: a BatchSampler's len() may raise
+    pending = [first if first is not None else found_in.get("sampler")]
     while pending and len(found) < 8:
         sampler = pending.pop()
         if sampler is None or any(sampler is seen for seen in found):
@@ -930,6 +1007,23 @@ def install(torch: Any) -> None:
     DataLoader._index_sampler = property(_index_sampler)  # type: ignore[method-assign,assignment]
     _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
     DataLoader._jitckpt_patched = True  # type: ignore[attr-defined]
+
+
+def install_stateful(module: Any) -> None:
+    """Note torchdata's ``StatefulDataLoader``s (hook on its module): its ``__init__`` is
+    its own, never torch's ``DataLoader.__init__``."""
+    cls = getattr(module, "StatefulDataLoader", None)
+    if cls is None or cls.__dict__.get("_jitckpt_patched"):  # DataLoader's is inherited
+        return
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        TRACKER.created_loader(self)
+
+    cls.__init__ = __init__
+    cls._jitckpt_patched = True
 
 
 def install_accelerate(module: Any) -> None:

@@ -4,7 +4,10 @@ The shim must not import torch or transformers itself (a plain ``python -c``
 would pay seconds for it), so it waits for the user's program to import them.
 A meta path finder sees each import once; for the few names registered here it
 wraps the real loader's ``exec_module`` and calls the hook after it. For every
-other name it returns None at the cost of one dict lookup.
+other name it returns None at the cost of one dict lookup. A spec found without
+an import (``importlib.util.find_spec("torch")``, which ``datasets`` and
+``transformers`` ask before they import torch) keeps the hooks waiting: they run
+when a module is executed, once.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ if TYPE_CHECKING:
 
 
 class _HookedLoader:
-    """Delegates to the real loader, then runs the hooks for the module."""
+    """Delegates to the real loader, then runs the hooks still waiting for the module."""
 
-    def __init__(self, loader: Any, hooks: List[Hook]) -> None:
+    def __init__(self, loader: Any, finder: "PostImportFinder") -> None:
         self._loader = loader
-        self._hooks = hooks
+        self._finder = finder
 
     def create_module(self, spec: Any) -> Optional[ModuleType]:
         create = getattr(self._loader, "create_module", None)
@@ -40,7 +43,7 @@ class _HookedLoader:
             module.__spec__.loader = self._loader
         module.__loader__ = self._loader
         self._loader.exec_module(module)
-        for hook in self._hooks:
+        for hook in self._finder.take(module.__name__):
             try:
                 hook(module)
             except Exception as exc:
@@ -68,6 +71,10 @@ class PostImportFinder:
             return
         self._hooks.setdefault(name, []).append(hook)
 
+    def take(self, name: str) -> List[Hook]:
+        """The hooks waiting for ``name``, now due (each runs once)."""
+        return self._hooks.pop(name, [])
+
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]] = None, target: Any = None
     ) -> Any:
@@ -81,8 +88,7 @@ class PostImportFinder:
             self._busy.discard(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        del self._hooks[fullname]
-        spec.loader = _HookedLoader(spec.loader, hooks)
+        spec.loader = _HookedLoader(spec.loader, self)
         return spec
 
 

@@ -502,6 +502,7 @@ class PlainLoop:
         """The objects to save, and why some rank cannot save them (collective)."""
         problem = _read_ahead(position.owner() if position.owner is not None else None)
         objects = loopstate.Objects()
+        objects.loaders = dataloaders.TRACKER.snapshot(position)
         problem = problem or self._unsaved_state(objects)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             return objects, problem or "another rank cannot save its place or its state"
@@ -526,7 +527,7 @@ class PlainLoop:
             objects, self.step, ranks["rank"], ranks["world_size"], sharded=self.sharded
         )
         payload["rng"] = rngstate.capture()
-        payload["loaders"] = dataloaders.TRACKER.snapshot(position)
+        payload["loaders"] = objects.loaders
         loopstate.write(directory, ranks["rank"], payload)
 
     def _commit(
@@ -751,6 +752,12 @@ def install(torch: Any, config: ShimConfig) -> None:
 def install_accelerate(module: Any) -> None:
     if _LOOP:
         dataloaders.install_accelerate(module)
+
+
+def install_stateful_loader(module: Any) -> None:
+    """Follow torchdata's ``StatefulDataLoader`` (it keeps its own place: ``ownplace``)."""
+    if _LOOP:
+        dataloaders.install_stateful(module)
 
 
 def install_accelerator(module: Any) -> None:

@@ -91,13 +91,14 @@ class Objects:
     """The training objects alive in this process now."""
 
     def __init__(self, selection: Optional[extrastate.Selection] = None) -> None:
-        self.optimizers = OPTIMIZERS.alive()
+        self.optimizers = innermost(OPTIMIZERS.alive())
         self.all_modules = MODULES.alive()
         self.modules = training_modules(self.all_modules, self.optimizers)
         self.schedulers = SCHEDULERS.alive()
         self.scalers = SCALERS.alive()
         self.registered = extrastate.registered_objects()
         self.selection = selection  # what to save beside them (None: nothing)
+        self.loaders: List[Dict[str, Any]] = []  # each training loader's place (``dataloaders``)
 
     def others(self) -> extrastate.Keyed:
         """Every other module that may be the counterpart of a saved one."""
@@ -116,6 +117,30 @@ class Objects:
             for parameter in module.parameters():
                 held.discard(id(parameter))
         return len(held)
+
+
+def innermost(optimizers: List[Any]) -> List[Any]:
+    """The optimizers that hold none of the others.
+
+    An optimizer that wraps others (torchtitan's ``OptimizersContainer`` is a
+    ``torch.optim.Optimizer`` holding one AdamW per model part) steps them and
+    keeps no state of its own: counted, saved and put back are the ones it holds.
+    """
+    known = {id(o) for o in optimizers}
+    return [o for o in optimizers if not _holds_another(o, known)]
+
+
+def _holds_another(optimizer: Any, known: set) -> bool:
+    for value in vars(optimizer).values():
+        if isinstance(value, (list, tuple)):
+            items: Any = value
+        elif isinstance(value, dict):
+            items = value.values()
+        else:
+            items = (value,)
+        if any(item is not optimizer and id(item) in known for item in items):
+            return True
+    return False
 
 
 def _held_parameters(optimizers: List[Any]) -> List[Any]:
@@ -191,8 +216,14 @@ def unsaveable(objects: Objects) -> Optional[str]:
     selection = objects.selection or extrastate.Selection()
     named = [(n, o) for n, _, o in selection.modules + selection.objects]
     named += [(type(o).__name__, o) for o in objects.registered]
-    for name, obj in named:
-        found = _unreadable(_plain(obj.state_dict()))
+    states = [(name, _plain(obj.state_dict())) for name, obj in named]
+    states += [
+        ("DataLoader #%d" % entry["index"], entry["own"])  # saved as the loader gave it
+        for entry in objects.loaders
+        if entry.get("own") is not None
+    ]
+    for name, state in states:
+        found = _unreadable(state)
         if found:
             return (
                 "the state_dict() of %s holds a %s (only tensors, numbers, strings, "
