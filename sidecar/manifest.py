@@ -86,6 +86,13 @@ def check_time(value: str) -> str:
     return value
 
 
+def check_kind(value: str) -> str:
+    """``value`` if it is a kind of checkpoint the protocol knows."""
+    if value not in protocol.KINDS:
+        raise ValueError(f"kind must be one of {', '.join(protocol.KINDS)}")
+    return value
+
+
 def iso_time(seconds: float) -> str:
     """``seconds`` since the epoch as a manifest's ``time``."""
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
@@ -146,9 +153,7 @@ class Manifest(BaseModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        if value not in protocol.KINDS:
-            raise ValueError(f"kind must be one of {', '.join(protocol.KINDS)}")
-        return value
+        return check_kind(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

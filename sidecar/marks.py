@@ -24,9 +24,9 @@ import logging
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sidecar import manifest as mf
 from sidecar.storage.base import ObjectTooLarge, Store, StoreError
@@ -40,17 +40,19 @@ SET_ASIDE: Kind = "set-aside"
 _KEY = re.compile(r"(torn|set-aside)-node-(0|[1-9][0-9]{0,8})\.json")
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound="NodeMark")
 
 
 class NodeMark(BaseModel):
-    """Node ``node_rank``'s word on ``checkpoint-<step>``, and why."""
+    """Node ``node_rank``'s word on ``checkpoint-<step>``, and why; what every record one
+    node's sidecar leaves under ``.jitckpt/`` holds (``setaside.ResumeRecord`` too)."""
 
     model_config = ConfigDict(strict=True, frozen=True)
 
     version: Literal[1] = MARK_VERSION
     step: int = Field(ge=0, le=mf.MAX_STEP)
     node_rank: int = Field(ge=0, lt=mf.MAX_NODES)
-    reason: str = Field(max_length=REASON_CHARS)
+    reason: str = Field(default="", max_length=REASON_CHARS)
     pod: str = Field(default="", max_length=mf.MAX_TEXT)
     time: str = Field(
         default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
@@ -81,26 +83,36 @@ def marked(keys: Iterable[str], step: int, kind: Kind, nnodes: int) -> list[int]
     return sorted(nodes)
 
 
-def decode(data: bytes, step: int, node_rank: int) -> NodeMark:
-    """Parse and validate a mark read from ``mark_key(step, _, node_rank)``; ValueError."""
+def decode(data: bytes, step: int, node_rank: int, model: type[M]) -> M:
+    """Parse and validate a ``model`` read from node ``node_rank``'s key of
+    ``checkpoint-<step>``; ValueError."""
     if len(data) > MAX_MARK_BYTES:
         raise ValueError(f"{len(data)} bytes, more than {MAX_MARK_BYTES}")
-    mark = NodeMark.model_validate_json(data)
+    mark = model.model_validate_json(data)
     if (mark.step, mark.node_rank) != (step, node_rank):
         raise ValueError(f"it names node {mark.node_rank}, step {mark.step}")
     return mark
 
 
+async def read(store: Store, key: str, step: int, node_rank: int, model: type[M]) -> M | None:
+    """The ``model`` at ``key`` (node ``node_rank``'s, of ``checkpoint-<step>``), read at
+    most ``MAX_MARK_BYTES`` and validated; None when it is not one (said in the log).
+    Raises StoreError when the store refuses."""
+    try:
+        return decode(await store.get_bytes(key, MAX_MARK_BYTES), step, node_rank, model)
+    except (ValueError, ObjectTooLarge) as exc:
+        text = str(exc).splitlines()[0][:REASON_CHARS] if str(exc) else type(exc).__name__
+        log.warning("ignoring %s: %r", key, text)
+        return None
+
+
 async def reason(store: Store, step: int, kind: Kind, node_rank: int) -> str:
     """Why node ``node_rank`` left its ``kind`` mark (read and validated), or, when the mark
     cannot be read as one, that it is there. Raises StoreError when the store refuses."""
-    key = mark_key(step, kind, node_rank)
-    try:
-        return decode(await store.get_bytes(key, MAX_MARK_BYTES), step, node_rank).reason
-    except (ValueError, ValidationError, ObjectTooLarge) as exc:
-        text = str(exc).splitlines()[0][:REASON_CHARS] if str(exc) else type(exc).__name__
-        log.warning("the %s mark of node %d is unreadable: %r", kind, node_rank, text)
-        return f"{kind} by node {node_rank} (its mark is unreadable)"
+    mark = await read(store, mark_key(step, kind, node_rank), step, node_rank, NodeMark)
+    return (
+        mark.reason if mark is not None else f"{kind} by node {node_rank} (its mark is unreadable)"
+    )
 
 
 async def put(store: Store, step: int, kind: Kind, node_rank: int, *, why: str, pod: str) -> bool:

@@ -19,8 +19,8 @@ listing of ``.jitckpt/`` that judging the checkpoint makes anyway: no node
 reads the other nodes' records. The trainer cannot write the store; what it
 can make its own sidecar record is a failed resume of the one checkpoint
 that sidecar restored for it, which is no more than it could do by failing.
-The store is not trusted: a record is read at most ``MAX_RECORD_BYTES`` and
-validated by ``decode``; one that fails the rules is ignored (and said),
+The store is not trusted: a record is read at most ``marks.MAX_MARK_BYTES``
+and validated by ``marks.decode``; one that fails the rules is ignored (and said),
 never a reason to fail a restore.
 
 The failing node's sidecar leaves its mark while the failing process is
@@ -39,23 +39,18 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field
 
 from shim import layout
 from sidecar import manifest as mf
 from sidecar import marks
-from sidecar.storage.base import ObjectTooLarge, Store, StoreError
+from sidecar.storage.base import Store, StoreError
 from sidecar.validity import CheckpointState
 from sidecar.validity import scan as scan_valid
 
-RECORD_VERSION: Literal[1] = 1
-MAX_RECORD_BYTES = 4096
 FAILURES_TO_SET_ASIDE = 2
 MAX_FAILURES = 1_000_000
-REASON_CHARS = 300
 # A JIT stop (128 + SIGTERM) is no failure; neither is a clean exit.
 NOT_FAILURES = (0, 143)
 # How long one look for other nodes' marks serves the hellos that follow.
@@ -64,56 +59,23 @@ REFRESH_SECONDS = 5.0
 log = logging.getLogger(__name__)
 
 
-class ResumeRecord(BaseModel):
+class ResumeRecord(marks.NodeMark):
     """What node ``node_rank``'s sidecar saw of resumes from ``checkpoint-<step>``."""
 
-    model_config = ConfigDict(strict=True, frozen=True)
-
-    version: Literal[1] = RECORD_VERSION
-    step: int = Field(ge=0, le=mf.MAX_STEP)
-    node_rank: int = Field(ge=0, lt=mf.MAX_NODES)
     failures: int = Field(ge=0, le=MAX_FAILURES)  # in a row
     set_aside: bool = False
-    reason: str = Field(default="", max_length=REASON_CHARS)
-    pod: str = Field(default="", max_length=mf.MAX_TEXT)
-    time: str = Field(
-        default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
-    )
-
-    @field_validator("reason", "pod", "time")
-    @classmethod
-    def _printable(cls, value: str) -> str:
-        """Shown by ``jitckpt ls``, ``/status`` and logs: no control characters."""
-        if not value.isprintable():
-            raise ValueError("control characters are not allowed")
-        return value
 
 
 def record_key(step: int, node_rank: int) -> str:
     return f"{mf.checkpoint_dir(step)}/{layout.MANIFEST_DIR}/resume-node-{node_rank}.json"
 
 
-def decode(data: bytes, step: int, node_rank: int) -> ResumeRecord:
-    """Parse and validate a record read from ``record_key(step, node_rank)``; ValueError."""
-    if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(f"{len(data)} bytes, more than {MAX_RECORD_BYTES}")
-    record = ResumeRecord.model_validate_json(data)
-    if (record.step, record.node_rank) != (step, node_rank):
-        raise ValueError(f"it names node {record.node_rank}, step {record.step}")
-    return record
-
-
 async def read(store: Store, step: int, node_rank: int) -> ResumeRecord | None:
     """Node ``node_rank``'s record for ``checkpoint-<step>`` (None: none, or not valid)."""
     key = record_key(step, node_rank)
-    try:
-        if await store.head(key) is None:
-            return None
-        return decode(await store.get_bytes(key, MAX_RECORD_BYTES), step, node_rank)
-    except (ValueError, ValidationError, ObjectTooLarge) as exc:
-        text = str(exc).splitlines()[0][:REASON_CHARS] if str(exc) else type(exc).__name__
-        log.warning("ignoring %s: %r", key, text)
+    if await store.head(key) is None:
         return None
+    return await marks.read(store, key, step, node_rank, ResumeRecord)
 
 
 async def why_not(store: Store, step: int, nnodes: int, keys: set[str]) -> str:
@@ -228,7 +190,7 @@ class ResumeWatch:
                 f"a trainer resumed from it exited with code {exit_code} before completing "
                 f"a step, {failures} times in a row (last on node {self.node_rank}, pod "
                 f"{self.pod})"
-            )[:REASON_CHARS]
+            )[: marks.REASON_CHARS]
         log.warning(
             "a trainer resumed from checkpoint-%d exited with code %d before completing a "
             "step (%d in a row)",

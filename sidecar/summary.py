@@ -67,9 +67,7 @@ class NodeEntry(BaseModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        if value not in protocol.KINDS:
-            raise ValueError(f"kind must be one of {', '.join(protocol.KINDS)}")
-        return value
+        return mf.check_kind(value)
 
     @field_validator("time")
     @classmethod
