@@ -26,6 +26,7 @@ TORCH_MODULE = "torch"
 ACCELERATE_DATA_MODULE = "accelerate.data_loader"
 ACCELERATOR_MODULE = "accelerate.accelerator"
 STATEFUL_LOADER_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"
+FABRIC_MODULES = ("lightning.fabric.fabric", "lightning_fabric.fabric")
 # Where the save_pretrained a plain loop's final model may be written with is defined.
 SAVE_PRETRAINED_MODULES = ("transformers.modeling_utils", "transformers.tokenization_utils_base")
 
@@ -77,6 +78,11 @@ def _on_torch(config: ShimConfig) -> None:
 
         plainloop.install_accelerator(module)
 
+    def fabric(module: ModuleType) -> None:
+        from .frameworks.fabric import strategies
+
+        strategies.install(module)
+
     def stateful_loader(module: ModuleType) -> None:
         from .frameworks.plain import loop as plainloop
 
@@ -91,6 +97,8 @@ def _on_torch(config: ShimConfig) -> None:
     when_imported(ACCELERATE_DATA_MODULE, accelerate)
     when_imported(ACCELERATOR_MODULE, accelerator)
     when_imported(STATEFUL_LOADER_MODULE, stateful_loader)
+    for name in FABRIC_MODULES:
+        when_imported(name, fabric)
     for name in SAVE_PRETRAINED_MODULES:
         when_imported(name, save_pretrained)
 

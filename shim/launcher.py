@@ -103,7 +103,7 @@ def install(config: ShimConfig) -> None:
         from . import stopexit, watcher
 
         watcher.stop()  # the workers stage their own checkpoints
-        stopexit.install()
+        stopexit.install(config.socket_path)
         when_imported(PCONTEXT_MODULE, _sigterm_once)
         if timeout is None:
             return  # no grace period: torch's default timeout stays

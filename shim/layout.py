@@ -36,6 +36,9 @@ FINAL_DIR = "final"
 
 # Exit code of a trainer after a JIT save: 128 + SIGTERM, never success.
 JIT_EXIT_CODE = 143
+# In every line where the shim leaves a training alone (a loop or a run it cannot resume
+# exactly): what the demo looks for in a trainer's log when no step was held for it.
+NO_JIT = "gets no JIT"
 
 # The sidecar's container name (native init container or legacy run container),
 # also the component its Events and log lines name.

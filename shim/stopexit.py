@@ -11,7 +11,9 @@ job was stopped, not broken: after torch's own report (traceback, error file)
 the process exits 143, as if SIGTERM had ended it. A real crash keeps
 torchrun's exit status. Only an exception nobody caught is looked at, so a
 program that calls ``elastic_launch`` itself and catches the error sees no
-difference.
+difference. Whether the stop was a JIT stop is what the workers told the sidecar
+(a ``bye`` with 143 after a JIT save, in its ``status``), never assumed: a worker
+the shim could not follow stops without a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import os
 import signal
 import sys
 
+from . import protocol
+from .channel import SidecarLink
 from .layout import JIT_EXIT_CODE
 from .log import failed, say
 
@@ -55,6 +59,28 @@ def is_sigterm_stop(error: BaseException) -> bool:
     return all(getattr(failure, "exitcode", None) in stopped for failure in failures.values())
 
 
+def workers_saved_jit(socket_path: str) -> Optional[bool]:
+    """Whether a training process of this pod said goodbye after a JIT save (None: no
+    sidecar to ask)."""
+    answer = SidecarLink(socket_path).call(protocol.Status(), timeout=2.0)
+    if not isinstance(answer, protocol.StatusAnswer):
+        return None
+    clients = answer.status.get("clients")
+    return isinstance(clients, list) and any(
+        isinstance(c, dict) and c.get("said_bye") and c.get("exit_code") == JIT_EXIT_CODE
+        for c in clients
+    )
+
+
+def _how(socket_path: str) -> str:
+    saved = workers_saved_jit(socket_path)
+    if saved:
+        return "a JIT stop: its workers saved a JIT checkpoint"
+    if saved is None:
+        return "no sidecar to tell whether its workers saved a JIT checkpoint"
+    return "no worker saved a JIT checkpoint (the shim's lines above say why)"
+
+
 def _exit_as_terminated() -> None:
     """Finish like a normal exit (atexit handlers, flushed streams), with status 143."""
     try:
@@ -66,7 +92,7 @@ def _exit_as_terminated() -> None:
         os._exit(JIT_EXIT_CODE)
 
 
-def install() -> None:
+def install(socket_path: str) -> None:
     """Chain an excepthook that turns torchrun's uncaught SIGTERM stop into exit 143."""
     previous = sys.excepthook
 
@@ -80,9 +106,14 @@ def install() -> None:
             failed("reading torchrun's exit", exc)
             return
         if stop:
+            try:
+                how = _how(socket_path)
+            except Exception as exc:
+                failed("asking the sidecar how the workers stopped", exc)
+                how = "whether its workers saved a JIT checkpoint is unknown"
             say(
-                "the launcher stopped by SIGTERM (JIT stop, not a crash): exiting with %d"
-                % JIT_EXIT_CODE
+                "the launcher stopped by SIGTERM, not a crash (%s): exiting with %d"
+                % (how, JIT_EXIT_CODE)
             )
             _exit_as_terminated()
 

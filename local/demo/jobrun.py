@@ -19,6 +19,8 @@ from local.demo.pytorchjob import replica_pod
 from local.demo.trainjob import node_pod
 from local.demo.watch import StatusPoller
 from local.podrunner import Node, Pod, PodEvent, PodResult
+from shim.layout import NO_JIT
+from shim.log import PREFIX
 from webhook.config import WebhookConfig
 from webhook.jobs import PYTORCHJOB
 from webhook.mutate import MutationResult, NamespaceInfo, mutate
@@ -74,11 +76,40 @@ class JobRun:
         deadline = time.monotonic() + timeout
         while self.step < step:
             if all(pod.done for pod in self.pods):
-                raise JobError(f"the job ended before step {step} (last step seen {self.step})")
+                raise JobError(self._ended_before(step))
             if time.monotonic() > deadline:
                 raise JobError(f"step {step} not reached in {timeout:.0f} s (at {self.step})")
             time.sleep(0.02)
         return self.step
+
+    def _ended_before(self, step: int) -> str:
+        """Why the job ended before ``step``: the shim left its training alone (so nothing
+        held the job there), or it ended early."""
+        said = self.gave_up()
+        if not said:
+            return f"the job ended before step {step} (last step seen {self.step})"
+        return (
+            f"the shim gave up on this training, so nothing held it at step {step} and no "
+            f"preemption happened (the job ran to its end; last step reported {self.step}): "
+            + "; ".join(said)
+        )
+
+    def gave_up(self) -> list[str]:
+        """What the shim said in the trainers' logs where it left the training alone, each
+        reason once (the pid and the prefix taken off)."""
+        found: list[str] = []
+        for pod in self.pods:
+            try:
+                text = pod.container(self.trainer).log_path.read_text(errors="replace")
+            except (KeyError, OSError):
+                continue
+            for line in text.splitlines():
+                if not line.startswith(PREFIX) or NO_JIT not in line:
+                    continue
+                message = line.split(": ", 1)[-1]
+                if message not in found:
+                    found.append(message)
+        return found
 
     def preempt(self, ranks: Sequence[int] | None = None) -> None:
         """Terminate the pods of these node ranks (all by default), as a preemption does."""

@@ -1,23 +1,27 @@
 """How language models are pre-trained beyond HF's and Lightning's Trainer, through the demo.
 
-Each case is one ``jitckpt demo --script S --compare`` on 2 nodes with an unchanged
-script (three jobs: the preempted one, its resume, an uninterrupted reference): a
+Each case but the last is one ``jitckpt demo --script S --compare`` on 2 nodes with an
+unchanged script (three jobs: the preempted one, its resume, an uninterrupted reference): a
 plain DDP loop over a streaming dataset read by torchdata's ``StatefulDataLoader``,
 a Lightning Fabric loop written as Fabric's examples are, and torchtitan's own
 trainer (through the CPU adapter in ``scripts/``). The JIT checkpoint must be at the
-preemption step and the resumed run bitwise equal to the uninterrupted one.
+preemption step and the resumed run bitwise equal to the uninterrupted one. The last
+is a loop the shim cannot follow: the demo must say so, and why.
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.support import demo_summary
+from tests.e2e.support import JITCKPT, demo_summary
 
 SCRIPTS = Path(__file__).with_name("scripts")
 STREAMING = SCRIPTS / "loop_streaming.py"  # 24 steps on 2 nodes
+FABRIC = SCRIPTS / "fabric_loop.py"  # 2 epochs of 12 steps on 2 nodes
+CYCLE = SCRIPTS / "loop_cycle.py"  # 12 steps over itertools.cycle: not followed
 
 
 def assert_resumed_bitwise(summary: dict, step: int) -> None:
@@ -36,3 +40,32 @@ def test_a_streaming_dataset_read_by_a_stateful_loader_resumes_bitwise(tmp_path:
     assert_resumed_bitwise(summary, 10)
     log = Path(summary["trainer_logs"]["resumed"][0]).read_text(errors="replace")
     assert "resumed at step 10: DataLoader #0, pass 0, after batch 10" in log
+
+
+@pytest.mark.slow
+def test_a_lightning_fabric_loop_with_one_pod_of_two_preempted_resumes_bitwise(
+    tmp_path: Path,
+) -> None:
+    """Fabric's DDP, bf16 precision plugin, DistributedSampler, a per-batch scheduler and
+    augmentation in 2 workers; stopped in its second epoch."""
+    options = ["--nnodes", "2", "--preempt-at-step", "17", "--preempt-nodes", "one", "--keep"]
+    summary = demo_summary(FABRIC, options, tmp_path)
+    assert_resumed_bitwise(summary, 17)
+    log = Path(summary["trainer_logs"]["preempted"][0]).read_text(errors="replace")
+    assert "(Lightning Fabric: DDPStrategy, MixedPrecision)" in log
+    assert "a JIT stop: its workers saved a JIT checkpoint" in log
+
+
+def test_the_demo_says_the_shim_gave_up_and_why_instead_of_an_early_end(tmp_path: Path) -> None:
+    """``itertools.cycle`` over a loader cannot be followed: the shim says so at step 1 and
+    holds nothing, so the job trains to its end without a preemption, and the demo says
+    that, not "the job ended before step 6"."""
+    command = [str(JITCKPT), "demo", "--script", str(CYCLE), "--nnodes", "1"]
+    command += ["--preempt-at-step", "6", "--workdir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "ended before step" not in said
+    assert "the shim gave up on this training, so nothing held it at step 6" in said
+    assert "no preemption happened (the job ran to its end; last step reported" in said
+    assert "without a new batch from a DataLoader" in said

@@ -120,3 +120,24 @@ print(json.dumps([type(o).__name__ for o in found]))
 def test_an_optimizer_that_wraps_others_is_counted_once(shim_env: ShimEnv) -> None:
     done = run(WRAPPED, shim_env.env)
     assert json.loads(done.stdout.splitlines()[-1]) == ["AdamW", "AdamW", "SGD"]
+
+
+FABRICS = """
+import json
+import lightning as L
+from lightning.fabric.strategies import ModelParallelStrategy
+from _jitckpt_shim.frameworks.fabric import strategies
+
+print(json.dumps([strategies.problem(), strategies.described()]))
+fsdp2 = ModelParallelStrategy(parallelize_fn=lambda model, mesh: model)
+fabric = L.Fabric(accelerator="cpu", strategy=fsdp2, devices=1)
+print(json.dumps([strategies.problem(), strategies.described()]))
+"""
+
+
+def test_fabric_strategies_that_keep_their_own_state_are_named(shim_env: ShimEnv) -> None:
+    done = run(FABRICS, shim_env.env)
+    without, fsdp2 = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert without == [None, ""]
+    assert "Fabric's ModelParallelStrategy keeps the training state its own way" in fsdp2[0]
+    assert fsdp2[1] == " (Lightning Fabric: ModelParallelStrategy, Precision)"

@@ -39,21 +39,24 @@ from ... import claim, dataloaders, dist, finalsaves, pids, rngstate, watcher
 from ...checkpoints import newest_checkpoint
 from ...config import ShimConfig
 from ...exitstatus import STATUS
+from ...layout import NO_JIT
 from ...log import failed, say, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
+from ..fabric import strategies as fabric
 from . import extrastate, nodelocal, reshard, shardedsaves, shardedstate
 from . import state as loopstate
 
 FRAMEWORK = "torch"
 WAITING, FOLLOWING, OFF = "waiting", "following", "off"
-# Modules whose code on the stack at an optimizer step means a framework drives the loop.
+# Modules whose code on the stack at an optimizer step means a framework's trainer drives
+# the loop. Lightning Fabric (``lightning.fabric``, ``lightning_fabric``) is not one: its
+# loops are the program's own, followed as any plain loop.
 FRAMEWORK_MODULES = (
     "transformers.trainer",
-    "lightning.",
+    "lightning.pytorch.",
     "pytorch_lightning.",
-    "lightning_fabric.",
 )
 # After SIGTERM, how long the loop may go without a step boundary (or, after the
 # stop was agreed, without asking for its next batch) before the shim gives up and
@@ -407,8 +410,17 @@ class PlainLoop:
         self._prepare()
         if self.state == OFF:
             return
-        if claim.owner() is not None or _framework_on_stack():
+        if claim.owner() is not None:
             self._off(None)
+            return
+        driver = _framework_on_stack()
+        if driver is not None:
+            self._off(None)
+            say_once(
+                "plainloop-framework",
+                "this training loop is driven by %s, whose integration did not take it: it %s "
+                "checkpoint" % (driver, NO_JIT),
+            )
             return
         self._begin()
         assert self.run is not None
@@ -426,7 +438,7 @@ class PlainLoop:
             )
         else:
             accelerate = any(r.alive() for r in extrastate.ACCELERATORS)
-            problem = shardedstate.problem(objects.modules, accelerate)
+            problem = fabric.problem() or shardedstate.problem(objects.modules, accelerate)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             self._off(problem or "another rank cannot follow it")
             return
@@ -454,7 +466,7 @@ class PlainLoop:
             "following this training loop: %d module(s), %d optimizer(s), %d LR scheduler(s), "
             "%d grad scaler(s), %d registered object(s), and %d other module(s) and %d "
             "object(s) of the program's with a state (saved if training changes them); "
-            "SIGTERM saves at the next step"
+            "SIGTERM saves at the next step%s"
             % (
                 len(objects.modules),
                 len(objects.optimizers),
@@ -462,6 +474,7 @@ class PlainLoop:
                 len(objects.scalers),
                 len(objects.registered),
                 *self.extra.count(),
+                fabric.described(),
             ),
         )
 
@@ -603,9 +616,9 @@ class PlainLoop:
             return
         say_once(
             "plainloop-off",
-            "this training loop cannot be resumed exactly (%s): it gets no JIT checkpoint and "
-            "SIGTERM acts as without jitckpt; checkpoint-<step> directories it writes under "
-            "$JITCKPT_DIR are still uploaded" % reason,
+            "this training loop cannot be resumed exactly (%s): it %s checkpoint and SIGTERM "
+            "acts as without jitckpt; checkpoint-<step> directories it writes under "
+            "$JITCKPT_DIR are still uploaded" % (reason, NO_JIT),
         )
         FLAG.armed = False
         if FLAG.raised:
@@ -703,14 +716,15 @@ class _Listener(dataloaders.Listener):
         self.loop.went_wrong("following the DataLoader", exc)
 
 
-def _framework_on_stack() -> bool:
+def _framework_on_stack() -> Optional[str]:
+    """The module of a framework's trainer found on the stack (None: the program's loop)."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if isinstance(name, str) and name.startswith(FRAMEWORK_MODULES):
-            return True
+            return name
         frame = frame.f_back  # type: ignore[assignment]
-    return False
+    return None
 
 
 def _read_ahead(owner: Any) -> Optional[str]:
