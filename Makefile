@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 SCANNER_VENV := .venv-checkov
 SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
-# torchtitan's trainer runs unchanged in the end-to-end tests. Without its own pins: it
-# caps `datasets` below the version TRL needs and asks for wandb and tensorboard, none of
-# which the trainer imports for those runs; what it does import is in the dev extra.
+# torchtitan, for its trainer in the end-to-end tests. Without its own pins: it caps
+# `datasets` below the version TRL needs. What its trainer imports is in the dev extra
+# (triton, tyro, torchdata, spmd_types, einops), but for `tensorboard` (not there yet).
 TORCHTITAN := torchtitan==0.3.0
 
 .PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench images images-deps images-check clean
