@@ -36,23 +36,18 @@ the run without a JIT checkpoint (said once), never hung.
 from __future__ import annotations
 
 import atexit
-import datetime
 import itertools
-import os
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from . import jobstore
 from .log import failed, say_once
 
 GO, STOP, LEAVE = 0, 1, 2
-PREFIX = "jitckpt/stop"
 # What a rank's own go key says when its run is over: its thread ends.
 CLOSED = b"closed"
-# The store's own timeout for our waits: long, since a wait that times out is noisy
-# (the store client logs it) and a run may train for weeks before a stop.
-STORE_WAIT = datetime.timedelta(days=30)
 # How long a step end waits for the decision once a stop was asked for.
 DECISION_TIMEOUT_SECONDS = 60.0
 _ROUNDS = itertools.count()
@@ -66,22 +61,11 @@ class Decision:
     vote: int  # STOP or LEAVE
 
 
-def _default_store() -> Optional[Any]:
-    """The default process group's store, when more than one rank trains."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return None
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
-
-
 class StopAgreement:
     """One run's agreement on the step all ranks stop at (see the module's rule)."""
 
-    def __init__(self, first_step: int, store: Any = None, rank: int = 0, world: int = 1) -> None:
-        """``store``: the job's store (None: a world of one), shared by ``world`` ranks."""
+    def __init__(self, first_step: int, job: Optional[jobstore.Space] = None) -> None:
+        """``job``: the key space of this agreement in the job's store (None: a world of one)."""
         self._lock = threading.Lock()
         self._passed = first_step - 1  # the last step this rank went on from
         self._seen = False  # a request reached this rank
@@ -90,36 +74,22 @@ class StopAgreement:
         self._posted = False  # this rank's last step is posted
         self._decided = threading.Event()
         self.decision: Optional[Decision] = None
-        self._store = store
-        self._rank, self._world = rank, world
+        self._store = job.store if job is not None else None
+        self._rank, self._world = (job.rank, job.world) if job is not None else (0, 1)
         self._thread: Optional[threading.Thread] = None
         self._closed = False
-        if store is not None:
-            store.set_timeout(STORE_WAIT)
-            watching = store.clone()  # a connection of the thread's own
-            watching.set_timeout(STORE_WAIT)
+        if job is not None:
             self._thread = threading.Thread(
-                target=self._watch, args=(watching,), name="jitckpt-stop", daemon=True
+                target=self._watch, args=(job.connection(),), name="jitckpt-stop", daemon=True
             )
             self._thread.start()
             _OPEN.add(self)
 
     @classmethod
     def for_job(cls, first_step: int) -> "StopAgreement":
-        """The agreement of this process's ranks, through the default process group's store
-        (a world of one without one), in a key space of its own for this run."""
+        """The agreement of this process's ranks, in a key space of its own for this run."""
         try:
-            store = _default_store()
-            if store is not None:
-                import torch.distributed as dist
-
-                space = "%s/%s/%d" % (
-                    PREFIX,
-                    os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                    next(_ROUNDS),
-                )
-                own = dist.PrefixStore(space, store.clone())
-                return cls(first_step, own, dist.get_rank(), dist.get_world_size())
+            return cls(first_step, jobstore.space("stop/%d" % next(_ROUNDS)))
         except Exception as exc:
             failed("reaching the job's store for the stop agreement", exc)
         return cls(first_step)
@@ -166,6 +136,7 @@ class StopAgreement:
 
     def _ask(self) -> None:
         keys = ["go/%d" % rank for rank in range(self._world)]
+        assert self._store is not None
         try:
             self._store.multi_set(keys, [b"stop"] * len(keys))
         except Exception as exc:

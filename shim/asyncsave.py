@@ -15,9 +15,10 @@ functions (the tensor files, opted in, through the writer process,
 ``writerproc``): the files are what the synchronous save writes.
 
 The checkpoint is handed to the sidecar only once every rank's writer is done
-(``at_step_end``, agreed by all ranks), so a writer that fails or a process
-killed mid-write never stages a checkpoint; the framework's completion file is
-written last, so a local resume never picks a half-written one either.
+(``written``: each rank's result through the job's store, no collective), so a
+writer that fails or a process killed mid-write never stages a checkpoint; the
+framework's completion file is written last, so a local resume never picks a
+half-written one either.
 
 Bounds: one save in flight (the next one waits for it, and that wait is part
 of the step's stall); the snapshot's host memory is limited (half of what the
@@ -41,14 +42,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import devicetags, dist, writecall, writerproc
 from .log import failed, say, say_once
+from .written import FAILED, WRITING, WRITTEN, WriteOutcome
 
 ENV_ASYNC_SAVE = "JITCKPT_ASYNC_SAVE"
 ENV_SNAPSHOT_BYTES = "JITCKPT_SNAPSHOT_BYTES"
 # A write smaller than this is made at once (RNG states, scheduler, arguments): it costs less
 # than copying it would.
 MIN_DEFERRED_BYTES = 64 * 1024
-# Values of the written agreement (all-reduce MIN over ranks).
-_WRITING, _FAILED, _WRITTEN = 0, 1, 2
 MB = 1e6
 
 # A deferred call: the function, its arguments (on live tensors until the snapshot rebuilds
@@ -369,11 +369,17 @@ class SaveJob:
         self.later_seconds = 0.0  # the writer's copies, before the next optimizer step
         self.write_seconds = 0.0
         self.thread_calls = 0  # calls for the writer process that the thread made instead
-        self.state = _WRITING
+        self.state = WRITING
         self.error: Optional[BaseException] = None
         self.cancel = threading.Event()
         self.copied = threading.Event()  # every planned copy made: parameters may change
         self.done = threading.Event()
+        self.outcome: Optional[WriteOutcome] = None  # every rank's write, once known
+
+    def written(self) -> int:
+        """This rank's result, once its writer ended (read by the outcome's thread)."""
+        self.done.wait()
+        return self.state
 
     @property
     def by_process(self) -> bool:
@@ -398,7 +404,7 @@ class SaveJob:
                 snapshot.ready()
             for function, live_args, live_kwargs, copies in self.calls:
                 if self.cancel.is_set():
-                    self.state = _FAILED
+                    self.state = FAILED
                     return
                 if copies is None:
                     function(*live_args, **live_kwargs)
@@ -409,15 +415,15 @@ class SaveJob:
                         ):
                             self.thread_calls += 1
                     except writerproc.Cancelled:
-                        self.state = _FAILED
+                        self.state = FAILED
                         return
                     copies.release()  # its shared memory, at once
                 else:
                     function(*copies.rebuild(live_args), **copies.rebuild(live_kwargs))
-            self.state = _WRITTEN
+            self.state = WRITTEN
         except BaseException as exc:  # a failed write must not end the process
             self.error = exc
-            self.state = _FAILED
+            self.state = FAILED
         finally:
             self.write_seconds = time.monotonic() - started
             self.calls = []
@@ -553,14 +559,16 @@ class BackgroundSaves:
             for binding, original in originals:
                 setattr(binding.owner, binding.name, original)
             self._capturing = None
-        self._job = job  # on every rank, deferred calls or not: the agreement is collective
+        self._job = job  # on every rank, deferred calls or not: every rank's result counts
         if not job.calls:  # everything was written at once (another rank may have deferred)
-            job.state = _WRITTEN
+            job.state = WRITTEN
             job.copied.set()
             job.done.set()
+            job.outcome = WriteOutcome(self.framework, job.written)
             return result
         _ACTIVE.add(self)
         self.held_bytes = job.snapshot_bytes
+        job.outcome = WriteOutcome(self.framework, job.written)
         self._thread = threading.Thread(
             target=self._write, args=(job,), name="jitckpt-writer", daemon=True
         )
@@ -658,7 +666,7 @@ class BackgroundSaves:
         job.write()
         self.held_bytes = 0
         _ACTIVE.discard(self)
-        if job.state == _WRITTEN:
+        if job.state == WRITTEN:
             say(
                 "checkpoint-%d written behind the training loop: a %.1f MB snapshot in %s "
                 "(%.3f s of copies at the step boundary, %.3f s before the next "
@@ -681,36 +689,37 @@ class BackgroundSaves:
 
     # -- after the save -------------------------------------------------------------
     def agree_and_stage(self, stage: Callable[[str, int], None], block: bool) -> None:
-        """Collective while a save is pending (every rank has one, from the same step):
-        once every rank's writer is done, stage it (``stage(directory, step)``) or, if
-        any rank failed, drop it. ``block``: wait for this rank's writer first."""
+        """While a save is pending (every rank has one, from the same step): once every
+        rank's writer is done, stage it (``stage(directory, step)``) or, if any rank
+        failed, drop it. No collective: the ranks' results come through the job's store
+        (``written``). ``block``: wait for this rank's writer, then for the outcome."""
         job = self._job
         if job is None:
             return
         if block:
             self.wait()
-        mine = job.state if job.done.is_set() else _WRITING
-        agreed = dist.all_reduce_int(mine, maximum=False)
-        if agreed == _WRITING:
+        agreed = job.outcome.outcome(block) if job.outcome is not None else FAILED
+        if agreed == WRITING:
             return
         self._job = None
-        if agreed == _WRITTEN:
+        if agreed == WRITTEN:
             stage(job.directory, job.step)
         else:
             say("checkpoint-%d was not written on every rank: not staged" % job.step)
             _remove(job.directory)
 
     def supersede(self, stage: Callable[[str, int], None]) -> None:
-        """Collective: a JIT save is next, newer than the save in flight, whose writer stops
-        after the file it is writing. A save every rank had written already is still
-        staged (a fallback should the JIT checkpoint not make it); any other is dropped."""
+        """Every rank, at the JIT step: a JIT save is next, newer than the save in flight,
+        whose writer stops after the file it is writing. A save every rank had written
+        already is still staged (a fallback should the JIT checkpoint not make it); any
+        other is dropped."""
         job = self._job
         if job is None:
             return
         in_flight = not job.done.is_set()
         job.cancel.set()
         self.wait()
-        if job.state != _WRITTEN:
+        if job.state != WRITTEN:
             say("checkpoint-%d was being written when the JIT save began: dropped" % job.step)
         elif in_flight:  # its writer was past the last point where it could stop
             say(

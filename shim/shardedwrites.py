@@ -8,9 +8,9 @@ written by a thread behind training, on a gloo group of the shim's own so that
 its collectives never mix with the training's.
 
 What is shared lives here: such a checkpoint is complete only once every rank's
-write is done, so at each step end while one is in flight the ranks agree
-(all-reduce MIN) on whether all are written; then it is staged, as a JIT one
-is. A write that failed on any rank stages nothing (said once per save; the
+write is done, which each rank learns through the job's store with no
+collective at a step end (``written``); then it is staged, as a JIT one is. A
+write that failed on any rank stages nothing (said once per save; the
 directory, without its node markers, is never resumed from). One save in
 flight at most: the next one, a JIT stop and a normal end first wait for it
 and stage it.
@@ -22,11 +22,8 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, Optional
 
-from . import dist
 from .log import failed, say
-
-# Values of the written agreement (all-reduce MIN over ranks).
-_WRITING, _FAILED, _WRITTEN = 0, 1, 2
+from .written import FAILED, WRITING, WRITTEN, WriteOutcome
 
 
 def unmarked(write_result: Any) -> FrozenSet[str]:
@@ -41,6 +38,7 @@ class InFlight:
     future: Any  # concurrent.futures.Future of DCP's write
     # The files only their writer's node reads, from DCP's write result (``Staged.local``).
     marks: Callable[[Any], FrozenSet[str]]
+    outcome: WriteOutcome  # every rank's write, known without a collective
 
 
 class ShardedWrites:
@@ -66,31 +64,33 @@ class ShardedWrites:
         marks: Callable[[Any], FrozenSet[str]] = unmarked,
     ) -> None:
         """``async_save`` of ``checkpoint-<step>`` returned ``future`` on this rank."""
-        self.inflight = InFlight(directory, step, future, marks)
+        outcome = WriteOutcome("dcp", lambda: _written(future))
+        self.inflight = InFlight(directory, step, future, marks, outcome)
 
     def settle(self, stage: Callable[[str, int, FrozenSet[str]], None], block: bool) -> None:
-        """Stage the save in flight once every rank wrote it (collective: every rank calls it
-        at every step end, and with ``block`` before a JIT save and at a normal end)."""
+        """Stage the save in flight once every rank wrote it (every rank calls it at every
+        step end, and with ``block`` before a JIT save and at a normal end; no collective).
+        """
         inflight = self.inflight
         if inflight is None:
             return
         if block:
-            concurrent.futures.wait([inflight.future])  # its error is read back by _state
-        agreed = dist.all_reduce_int(_state(inflight.future), maximum=False)
-        if agreed == _WRITING:
+            concurrent.futures.wait([inflight.future])
+        agreed = inflight.outcome.outcome(block)
+        if agreed == WRITING:
             return
         self.inflight = None
-        if agreed == _FAILED:
+        if agreed == FAILED:
             say("periodic checkpoint-%d was not written on every rank: not staged" % inflight.step)
             return
         stage(inflight.directory, inflight.step, inflight.marks(inflight.future.result()))
 
 
-def _state(future: Any) -> int:
-    if not future.done():
-        return _WRITING
+def _written(future: Any) -> int:
+    """This rank's result of DCP's write, once it ended (read by the outcome's thread)."""
+    concurrent.futures.wait([future])
     exc = future.exception()
     if exc is not None:
         failed("writing a periodic checkpoint's shards", exc)
-        return _FAILED
-    return _WRITTEN
+        return FAILED
+    return WRITTEN

@@ -275,13 +275,24 @@ class TrainingRun:
         with streaming.watching(stream):
             return save()
 
-    def stage(self, directory: str, step: int, kind: str, local: LocalFiles = None) -> None:
+    def stage(
+        self,
+        directory: str,
+        step: int,
+        kind: str,
+        local: LocalFiles = None,
+        written: bool = False,
+    ) -> None:
         """Every rank wrote ``directory``: local rank 0 hands it to the sidecar (completing
         it, when it was streamed while written); ``local``: ``staging.stage``'s.
 
-        Collective. After a JIT save no rank leaves before the sidecar owns the files.
+        Collective, but for a checkpoint written behind the loop whose ranks' results
+        said already that every rank wrote it (``written``; each rank may learn that at
+        another step end, so no collective may follow). After a JIT save no rank leaves
+        before the sidecar owns the files.
         """
-        dist.barrier()  # every rank has finished writing its files
+        if not written:
+            dist.barrier()  # every rank has finished writing its files
         if dist.ranks()["local_rank"] == 0:
             stream, streamed = self._stream, None
             if stream is not None and (stream.step, stream.kind) == (step, kind):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch.distributed as dist
 
-from shim import agreement
+from shim import agreement, jobstore
 from shim.agreement import GO, LEAVE, STOP, Decision, StopAgreement
 
 
@@ -53,7 +53,8 @@ class Job:
         self.delays = [[self.rng.random() * 0.004 for _ in range(steps + 1)] for _ in range(world)]
         space = f"job-{seed}"
         self.agreements = [
-            StopAgreement(1, connect(server, space), rank, world) for rank in range(world)
+            StopAgreement(1, jobstore.Space(connect(server, space), rank, world))
+            for rank in range(world)
         ]
 
     def run(self, wants: Callable[[int, int], int]) -> dict[int, tuple[int, Decision | None]]:
@@ -138,7 +139,7 @@ def test_a_store_that_never_answers_leaves_without_a_checkpoint(
     server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(agreement, "DECISION_TIMEOUT_SECONDS", 0.5)
-    lonely = StopAgreement(1, connect(server, "lonely"), 0, 2)  # rank 1 never comes
+    lonely = StopAgreement(1, jobstore.Space(connect(server, "lonely"), 0, 2))  # rank 1 never comes
     assert lonely.at_step_end(3, STOP) == Decision(3, LEAVE)
     assert "did not agree on a stop step within 0.5 s" in capsys.readouterr().err
     lonely.close()

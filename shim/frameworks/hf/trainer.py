@@ -174,7 +174,8 @@ class TrainerSession:
             self.saves.finish(self._stage_periodic, normally)
 
     def _stage_periodic(self, directory: str, step: int) -> None:
-        self.run.stage(directory, step, KIND_PERIODIC)
+        """A checkpoint written behind the loop that every rank wrote (no collective)."""
+        self.run.stage(directory, step, KIND_PERIODIC, written=True)
 
     # -- the final model --------------------------------------------------------
     def final_target(self, output_dir: Any) -> Optional[str]:

@@ -470,9 +470,9 @@ class FitSession:
             self.stage_written(block=True)
 
     def _stage_periodic(self, directory: str, step: int) -> None:
-        """Stage a checkpoint every rank wrote, then rotate: no save is in flight here, so
-        rotation never removes one still being written."""
-        self.run.stage(directory, step, KIND_PERIODIC)
+        """Stage a checkpoint every rank wrote (known without a collective), then rotate: no
+        save is in flight here, so rotation never removes one still being written."""
+        self.run.stage(directory, step, KIND_PERIODIC, written=True)
         self._rotate()
 
     def _write_record(self, directory: str, point: str) -> None:

@@ -544,23 +544,30 @@ class PlainLoop:
         loopstate.write(directory, ranks["rank"], payload)
 
     def _commit(
-        self, directory: str, step: int, kind: str, dcp_own: Optional[FrozenSet[str]] = None
+        self,
+        directory: str,
+        step: int,
+        kind: str,
+        dcp_own: Optional[FrozenSet[str]] = None,
+        written: bool = False,
     ) -> None:
-        """Every rank wrote its files: each node's mark, then staged (collective).
+        """Every rank wrote its files: each node's mark, then staged (collective, unless
+        every rank's result already said so: ``written``, as ``TrainingRun.stage``).
 
         ``dcp_own``: a sharded loop's DCP files only their writer reads (``nodelocal``);
         None for a loop that is not sharded, whose files stay unmarked.
         """
         assert self.run is not None
-        dist.barrier()
+        if not written:
+            dist.barrier()
         ranks = dist.ranks()
         if ranks["local_rank"] == 0:
             loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
         local = None if dcp_own is None else nodelocal.marker(dcp_own)
-        self.run.stage(directory, step, kind, local)
+        self.run.stage(directory, step, kind, local, written)
 
     def _commit_periodic(self, directory: str, step: int, dcp_own: FrozenSet[str]) -> None:
-        self._commit(directory, step, KIND_PERIODIC, dcp_own)
+        self._commit(directory, step, KIND_PERIODIC, dcp_own, written=True)
 
     def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
         assert self.run is not None
