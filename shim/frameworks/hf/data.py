@@ -22,12 +22,12 @@ training begins, before any checkpoint is written.
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any, Callable, Dict, Optional
 
-from ... import dataloaders, dist, rngstate
+from ... import dataloaders, rngstate
 from ...log import failed, say, say_once
+from . import records
 
 RECORD_NAME = "jitckpt_data_%d.pth"
 RECORD_VERSION = 1
@@ -69,25 +69,12 @@ class TrainData:
         import torch
 
         payload = {"version": RECORD_VERSION, "loader": record, "rng": rngstate.capture()}
-        torch.save(payload, os.path.join(directory, RECORD_NAME % dist.ranks()["rank"]))
+        torch.save(payload, records.path(directory, RECORD_NAME))
 
     def read(self, checkpoint: Any) -> None:
         """``train()`` resumes from ``checkpoint``: take this rank's record, if it has one."""
-        self.pending, self.replayed = None, False
-        if not isinstance(checkpoint, (str, os.PathLike)):
-            return
-        path = os.path.join(os.fspath(checkpoint), RECORD_NAME % dist.ranks()["rank"])
-        if not os.path.isfile(path):
-            return
-        import torch
-
-        try:
-            payload = torch.load(path, weights_only=True)  # from the store: data only
-        except Exception as exc:  # a torn or foreign file: HF's own resume
-            say("cannot read %s (%s: %s): HF's own data resume" % (path, type(exc).__name__, exc))
-            return
-        if isinstance(payload, dict) and payload.get("version") == RECORD_VERSION:
-            self.pending = payload
+        self.replayed = False
+        self.pending = records.read(checkpoint, RECORD_NAME, RECORD_VERSION, "HF's own data resume")
 
     def skip_first_batches(
         self, original: Callable[[Any, int], Any], loader: Any, batches: int

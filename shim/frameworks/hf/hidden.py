@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from ... import dist
 from ...log import failed, say, say_once
+from . import records
 
 RECORD_NAME = "jitckpt_trainer_%d.pth"
 RECORD_VERSION = 1
@@ -203,28 +204,13 @@ class HiddenState:
             "attributes": saved,
             "unsaved": sorted(unsaved),
         }
-        torch.save(payload, os.path.join(directory, RECORD_NAME % dist.ranks()["rank"]))
+        torch.save(payload, records.path(directory, RECORD_NAME))
 
     def read(self, checkpoint: Any) -> None:
         """``train()`` resumes from ``checkpoint``: take this rank's record, if it has one."""
-        self.pending = None
-        if not isinstance(checkpoint, (str, os.PathLike)):
-            return
-        path = os.path.join(os.fspath(checkpoint), RECORD_NAME % dist.ranks()["rank"])
-        if not os.path.isfile(path):
-            return
-        import torch
-
-        try:
-            payload = torch.load(path, weights_only=True)  # from the store: data only
-        except Exception as exc:
-            say(
-                "cannot read %s (%s: %s): the trainer's own state starts over"
-                % (path, type(exc).__name__, exc)
-            )
-            return
-        if isinstance(payload, dict) and payload.get("version") == RECORD_VERSION:
-            self.pending = payload
+        self.pending = records.read(
+            checkpoint, RECORD_NAME, RECORD_VERSION, "the trainer's own state starts over"
+        )
 
     def restore(self, trainer: Any) -> None:
         """Put the checkpoint's hidden state back on ``trainer`` (before ``train()`` runs)."""
