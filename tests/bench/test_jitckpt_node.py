@@ -35,7 +35,9 @@ def test_a_pvc_destination_gets_every_periodic_checkpoint(tmp_path: Path) -> Non
         done = subprocess.run(argv, env=env, capture_output=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
     root = tmp_path / "claim" / "bench" / "stall"
-    manifests = sorted(p.parent.parent.name for p in root.glob(f"*/{layout.MANIFEST_DIR}/*.json"))
+    manifests = sorted(
+        p.parent.parent.name for p in root.glob(f"*/{layout.MANIFEST_DIR}/node-*.json")
+    )
     assert manifests == ["checkpoint-2", "checkpoint-4"], (manifests, node.log_tail())
     log = (tmp_path / "node" / "agent.log").read_text()
     assert "committed checkpoint-4" in log and "pvc://bench-claim" in log, log
