@@ -143,12 +143,17 @@ class DirectoryStore(Store):
         return await asyncio.to_thread(self._list, prefix)
 
     def _dirs(self, prefix: str) -> list[str]:
-        """Directories right below ``prefix`` ("" or a directory's key ending in ``/``),
-        never through a symlink."""
+        """Directories right below ``prefix`` ("" or a directory's key ending in ``/``)
+        that hold an object, as S3's delimiter listing shows only prefixes of keys (an
+        empty directory left behind is no checkpoint), never through a symlink."""
         base = self.root / prefix if prefix else self.root
         try:
             with os.scandir(base) as entries:
-                return [e.name + "/" for e in entries if e.is_dir(follow_symlinks=False)]
+                return [
+                    e.name + "/"
+                    for e in entries
+                    if e.is_dir(follow_symlinks=False) and _holds_object(Path(e.path))
+                ]
         except (FileNotFoundError, NotADirectoryError):
             return []
 
@@ -257,3 +262,15 @@ class DirectoryStore(Store):
 
     async def delete(self, keys: list[str]) -> None:
         await asyncio.to_thread(self._delete, keys)
+
+
+def _holds_object(directory: Path) -> bool:
+    """Whether a regular file (an object) lies anywhere below ``directory``."""
+    for dirpath, _dirs, files in os.walk(directory):
+        for name in files:
+            if name.startswith(TMP_MARK):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG((Path(dirpath) / name).lstat().st_mode):
+                    return True
+    return False
