@@ -43,6 +43,11 @@ MAX_PID = (1 << 31) - 1
 MAX_RANK = 1 << 24  # ranks and world sizes far beyond any cluster
 MAX_STEP = (1 << 53) - 1  # exactly representable by any JSON reader
 MAX_EXIT_CODE = 255
+# Seconds one ``await_restore`` may hold its connection: the shim asks again after it, so a
+# sidecar that restarts or goes away is noticed, and no connection is held unbounded.
+MAX_AWAIT_SECONDS = 60.0
+# Seconds a pending restore may take at most, as a ``hello`` answer says it (a day).
+MAX_RESTORE_SECONDS = 86400.0
 
 KIND_PERIODIC = "periodic"
 KIND_JIT = "jit"
@@ -157,6 +162,18 @@ def _float(body: Mapping[str, Any], name: str, low: float, high: float) -> float
     if not low <= value <= high:
         raise ProtocolError("%s must be between %g and %g" % (name, low, high))
     return value
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    """An optional boolean (absent: False); anything but a real bool is refused."""
+    value = body.get(name, False)
+    if type(value) is not bool:
+        raise ProtocolError("%s must be true or false" % name)
+    return value
+
+
+def _optional_float(body: Mapping[str, Any], name: str, low: float, high: float) -> Optional[float]:
+    return None if body.get(name) is None else _float(body, name, low, high)
 
 
 def _text(body: Mapping[str, Any], name: str, limit: int) -> str:
@@ -300,6 +317,11 @@ class Staged:
     node's ranks read when the job resumes on the same layout (same number of
     nodes and of processes per node); every other file may be read by any
     node. Conservative: a file left out of ``local`` costs bytes, never a resume.
+    ``shim_loads``: the shim resumes from this checkpoint itself, at the framework's
+    load point (a framework's save); false for a script's own ``checkpoint-<step>``
+    directories the shim only watched, which the script reads as it starts. It goes
+    into the manifest, and decides when a later restore lets the trainer start
+    (DESIGN 5, "Overlapped restore").
     """
 
     OP: ClassVar[str] = "staged"
@@ -308,17 +330,20 @@ class Staged:
     dir: str
     files: Tuple[str, ...]
     local: Tuple[str, ...] = ()
+    shim_loads: bool = False
 
     def to_wire(self) -> Dict[str, Any]:
         message = _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
         if self.local:
             message["local"] = list(self.local)
+        if self.shim_loads:
+            message["shim_loads"] = True
         return message
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Staged:
         step, kind, directory, files = _checkpoint_fields(body)
-        return cls(step, kind, directory, files, _local(body, files))
+        return cls(step, kind, directory, files, _local(body, files), _flag(body, "shim_loads"))
 
 
 @dataclass(frozen=True)
@@ -454,7 +479,25 @@ class Lease:
         return cls(pid=_int(body, "pid", 1, MAX_PID))
 
 
-Request = Union[Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Lease]
+@dataclass(frozen=True)
+class AwaitRestore:
+    """Wait up to ``seconds`` for the restore a ``hello`` answer said is pending; answered
+    like ``hello`` (``HelloAnswer``), pending still when it did not end in time. The shim
+    asks at the framework's load point, again while pending, within the limit the
+    ``hello`` answer gave."""
+
+    OP: ClassVar[str] = "await_restore"
+    seconds: float
+
+    def to_wire(self) -> Dict[str, Any]:
+        return _wire(self.OP, {"seconds": self.seconds})
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> AwaitRestore:
+        return cls(seconds=_float(body, "seconds", 0.0, MAX_AWAIT_SECONDS))
+
+
+Request = Union[Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Lease, AwaitRestore]
 
 
 # -- answers (sidecar -> shim) -------------------------------------------------
@@ -468,7 +511,7 @@ def _ok(fields: Dict[str, Any]) -> Dict[str, Any]:
 
 @dataclass(frozen=True)
 class Restored:
-    """The checkpoint the sidecar restored before the trainer started."""
+    """The checkpoint the sidecar restored: complete, verified, renamed into place."""
 
     step: int
     path: str
@@ -482,11 +525,18 @@ class Restored:
 
 @dataclass(frozen=True)
 class HelloAnswer:
-    """``set_aside``: a checkpoint that was restored here and then set aside (a resume from
-    it failed twice): the process must not resume from it, even from its local copy."""
+    """What the process may resume from (the answer to ``hello`` and ``await_restore``).
+
+    ``set_aside``: a checkpoint that was restored here and then set aside (a resume from
+    it failed twice): the process must not resume from it, even from its local copy.
+    ``pending``: the sidecar is still restoring (the trainer started during the
+    download); ``restored`` is null until it is done, and the restore ends within
+    these seconds (the sidecar's restore limit): the shim asks ``await_restore``
+    where the framework reads the checkpoint, never longer than that."""
 
     restored: Optional[Restored]
     set_aside: Optional[int] = None
+    pending: Optional[float] = None
 
     def to_wire(self) -> Dict[str, Any]:
         restored = self.restored
@@ -495,6 +545,8 @@ class HelloAnswer:
         }
         if self.set_aside is not None:
             fields["set_aside"] = self.set_aside
+        if self.pending is not None:
+            fields["pending"] = self.pending
         return _ok(fields)
 
     @classmethod
@@ -503,6 +555,7 @@ class HelloAnswer:
         return cls(
             restored=None if restored is None else Restored.from_wire(restored),
             set_aside=_optional_int(body, "set_aside", 0, MAX_STEP),
+            pending=_optional_float(body, "pending", 0.0, MAX_RESTORE_SECONDS),
         )
 
 
@@ -598,6 +651,7 @@ OPS: Dict[str, Op] = {
     Status.OP: Op(Status, StatusAnswer),
     Bye.OP: Op(Bye, OkAnswer),
     Lease.OP: Op(Lease, None),
+    AwaitRestore.OP: Op(AwaitRestore, HelloAnswer),
 }
 
 

@@ -91,6 +91,7 @@ def stage(
     target_root: Optional[str] = None,
     linked: Sequence[str] = (),
     local: Optional[Callable[[str], bool]] = None,
+    shim_loads: bool = False,
 ) -> Staged:
     """Link every file of ``checkpoint_dir`` (or ``only`` these, relative and ``/``-separated)
     into a fresh ``staging_root/<id>/``, or into ``target_root`` where the files ``linked``
@@ -98,7 +99,7 @@ def stage(
 
     What it returns is the ``staged`` request that hands the links to the sidecar;
     ``local`` says which files only this node's ranks read on the same layout (none
-    without it: every node then downloads every file).
+    without it: every node then downloads every file); ``shim_loads``: the request's.
     """
     if target_root is None:
         target_root = new_target(checkpoint_dir, staging_root, kind)
@@ -106,7 +107,7 @@ def stage(
         for relative in only:
             if relative not in linked:
                 link_file(checkpoint_dir, target_root, relative)
-        return _request(step, kind, target_root, only, local)
+        return _request(step, kind, target_root, only, local, shim_loads=shim_loads)
     done = set(linked)
     files: List[str] = []
     for here, dirs, names in os.walk(checkpoint_dir):
@@ -121,7 +122,7 @@ def stage(
             if relative not in done:
                 _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
             files.append(relative)
-    return _request(step, kind, target_root, files, local)
+    return _request(step, kind, target_root, files, local, shim_loads=shim_loads)
 
 
 def _request(
@@ -130,6 +131,15 @@ def _request(
     target_root: str,
     files: Sequence[str],
     local: Optional[Callable[[str], bool]],
+    *,
+    shim_loads: bool,
 ) -> Staged:
     marked = tuple(name for name in files if local is not None and local(name))
-    return Staged(step=step, kind=kind, dir=target_root, files=tuple(files), local=marked)
+    return Staged(
+        step=step,
+        kind=kind,
+        dir=target_root,
+        files=tuple(files),
+        local=marked,
+        shim_loads=shim_loads,
+    )

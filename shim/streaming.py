@@ -89,10 +89,12 @@ class Stream:
             failed("streaming %s to the sidecar" % path, exc)
             self.abandon("an error while streaming")
 
-    def finish(self, local: Optional[Callable[[str], bool]] = None) -> Optional[str]:
+    def finish(
+        self, local: Optional[Callable[[str], bool]] = None, shim_loads: bool = False
+    ) -> Optional[str]:
         """Hand over the rest and complete the checkpoint: its staged id, or None when
         nothing was streamed or streaming failed (the caller hands it over whole);
-        ``local``: ``staging.stage``'s."""
+        ``local`` and ``shim_loads``: ``staging.stage``'s."""
         if self.broken or self.target is None:
             return None
         try:
@@ -108,6 +110,7 @@ class Stream:
                 target_root=self.target,
                 linked=self.handed,
                 local=local,
+                shim_loads=shim_loads,
             )
             staged_id = self.link.stage(staged)
         except Exception as exc:

@@ -72,12 +72,15 @@ def hand_over(
     kind: str,
     *,
     local: LocalFiles = None,
+    shim_loads: bool = False,
 ) -> Optional[str]:
-    """Hard-link ``source`` into staging and tell the sidecar; the staged id, or None."""
+    """Hard-link ``source`` into staging and tell the sidecar; the staged id, or None.
+    ``shim_loads``: a framework's checkpoint the shim resumes from itself
+    (``protocol.Staged``), not a script's own directory."""
     if not link.present():
         return None
     try:
-        staged = stage(source, staging_root, step, kind, local=local)
+        staged = stage(source, staging_root, step, kind, local=local, shim_loads=shim_loads)
     except OSError as exc:
         failed("staging %s" % source, exc)
         return None
@@ -160,6 +163,7 @@ class TrainingRun:
 
     # -- resume ---------------------------------------------------------------
     def _candidate(self) -> Optional[int]:
+        self.process.wait_for_restore()  # the checkpoint is read now: it must be in place
         restored = self.process.restored
         if restored is not None and os.path.isdir(restored.path):
             return restored.step
@@ -297,12 +301,12 @@ class TrainingRun:
             stream, streamed = self._stream, None
             if stream is not None and (stream.step, stream.kind) == (step, kind):
                 self._stream = None
-                streamed = stream.finish(local)
+                streamed = stream.finish(local, shim_loads=True)
                 if streamed is not None:
                     say("%s checkpoint-%d handed to the sidecar" % (kind, step))
             if streamed is None:
                 link, root = self.process.link, self.config.staging_dir
-                hand_over(link, directory, root, step, kind, local=local)
+                hand_over(link, directory, root, step, kind, local=local, shim_loads=True)
         if kind == KIND_JIT:
             dist.barrier()
 

@@ -3,6 +3,19 @@
 Phases (``jitckpt agent --phase``): ``all`` is the native sidecar; legacy
 clusters run ``restore`` as an init container and ``run`` as a regular
 container that exits once the trainer is gone, so a Job can still complete.
+
+Overlapped restore (DESIGN 5 and 7): the native sidecar is Started (its
+startupProbe passes) as soon as the checkpoint it is fetching is one the shim
+loads itself (its manifests say ``shim_loads``); it serves the socket during
+the download, ``hello`` answers that the restore is pending, and
+``await_restore`` answers once the checkpoint is renamed into place (or an
+older one, or none, within ``restore_timeout``). A script's own
+``checkpoint-<step>`` directories keep the old order: Started after the
+restore. Nothing may be staged while a restore is pending (it would upload
+over the checkpoint being fetched). A trainer restarted in the same pod after
+this pod staged a checkpoint starts a new restore at its ``hello``: the newest
+valid checkpoint, used as it is when the copy on the local volume matches its
+manifests (nothing downloaded).
 On SIGTERM the agent keeps uploading until nothing is left or the grace
 deadline (SIGTERM + grace - margin) nears, then writes the termination
 message and exits: 0 when everything staged was committed, 1 otherwise.
@@ -137,6 +150,16 @@ class Agent:
         # Streamed checkpoints completed and not yet committed: when they were completed.
         self._completed_at: dict[str, float] = {}
         self.resumes: setaside.ResumeWatch | None = None  # set once the store is open
+        # The restore the trainer may already wait on (None: none pending), when it must end
+        # (monotonic), and the event its waiters wait on.
+        self._restoring: asyncio.Task[RestoreResult] | None = None
+        self._restore_deadline = 0.0
+        self._restore_ended = asyncio.Event()
+        # The checkpoint being fetched is one the shim loads: the trainer may start now.
+        self._may_start = asyncio.Event()
+        # A checkpoint was accepted since the last restore (a restarted trainer restores anew).
+        self._staged_since_restore = False
+        self._fatal: tuple[int, str] | None = None  # a pending restore's failure: exit with it
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -199,10 +222,17 @@ class Agent:
                         await download
                     return self._fail(EXIT_NO_ACCESS, str(exc))
                 log.info("access to %s verified", store.uri)
-            try:
-                self._record_restored(store, await download)
-            except (StoreError, OSError) as exc:
-                return self._fail(EXIT_RESTORE_FAILED, f"restore from {store.uri} failed: {exc}")
+            if self.phase == "all":  # the legacy init container restores in full
+                await self._started_or_restored(download)
+            if download.done() or self.phase == "restore":
+                try:
+                    self._record_restored(store, await download)
+                except (StoreError, OSError) as exc:
+                    return self._fail(
+                        EXIT_RESTORE_FAILED, f"restore from {store.uri} failed: {exc}"
+                    )
+            else:
+                self._pending(store, download)
             if self.phase == "restore":
                 self.state.phase = "stopped"
                 return EXIT_OK
@@ -225,13 +255,67 @@ class Agent:
             return RestoreResult(reason="resume is false: starting fresh")
         cfg = self.config
         node = NodeLayout(cfg.node_rank, cfg.nnodes, cfg.nproc_per_node)
-        return await restore(store, cfg.checkpoints_dir, node, cfg.pod_name)
+        return await restore(store, cfg.checkpoints_dir, node, cfg.pod_name, self._chosen)
+
+    def _chosen(self, step: int, shim_loads: bool) -> None:
+        """``restore`` is about to fetch checkpoint-``step``: the trainer may start now when
+        the shim loads it itself (it waits for it where the framework reads it)."""
+        self.state.restoring = step
+        if shim_loads and not self._may_start.is_set():
+            log.info("restoring checkpoint-%d, which the shim loads: the trainer may start", step)
+            self._may_start.set()
+
+    async def _started_or_restored(self, download: asyncio.Task[RestoreResult]) -> None:
+        """Until the restore is done, or the trainer may start during it (``_chosen``)."""
+        started = asyncio.create_task(self._may_start.wait())
+        try:
+            await asyncio.wait({download, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+
+    def _pending(self, store: Store, download: asyncio.Task[RestoreResult]) -> None:
+        """Serve while ``download`` runs; it ends within ``restore_timeout``, and whatever it
+        restored (or nothing) is then what every ``hello`` and ``await_restore`` hears."""
+        self._restoring = download
+        self._restore_deadline = time.monotonic() + self.config.restore_timeout
+        self._restore_ended = asyncio.Event()
+        self._spawn(self._finish_restore(store, download))
+
+    async def _finish_restore(self, store: Store, download: asyncio.Task[RestoreResult]) -> None:
+        limit = self.config.restore_timeout
+        try:
+            restored = await asyncio.wait_for(download, limit)
+        except TimeoutError:
+            text = f"the restore took longer than jitckpt's limit of {limit:g} s"
+            log.error("%s: the trainer starts without a checkpoint", text)
+            self.state.last_error = text
+            restored = RestoreResult(reason=text)
+        except (StoreError, OSError) as exc:
+            # As when the trainer waits for the restore before it starts: a store that cannot
+            # be read is no reason to start fresh. The sidecar fails (the kubelet restarts it,
+            # and it restores again); its waiters hear nothing until then.
+            self._fatal = (EXIT_RESTORE_FAILED, f"restore from {store.uri} failed: {exc}")
+            self._stop.set()
+            return
+        self._record_restored(store, restored)
+        if restored.step is not None:
+            self.uploader.restored(restored.step)
+        cfg = self.config  # the resume guard watches the checkpoint restored now
+        self.resumes = setaside.ResumeWatch(
+            store, restored.step, cfg.node_rank, cfg.nnodes, cfg.pod_name
+        )
+        self._restoring = None
+        self._restore_ended.set()
 
     def _record_restored(self, store: Store, restored: RestoreResult) -> None:
         self.restored = restored
+        self.state.restoring = None
+        self.state.downloaded_bytes += restored.downloaded
+        self._staged_since_restore = False
         self.restored.save(self.state_dir)
         self._record_restore()
         self.metrics.restore_seconds.set(self.restored.seconds)
+        self.metrics.restore_downloaded.inc(restored.downloaded)
         self.metrics.torn_skipped.inc(len(self.restored.skipped))
         if self.restored.step is not None:
             self._spawn(
@@ -291,6 +375,8 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError):
                 await upload_task
             await server.close()
+        if self._fatal is not None:
+            return self._fail(*self._fatal)
         uncommitted = self.uploader.snapshot()
         self.state.phase = "stopped"
         note = ""
@@ -436,7 +522,8 @@ class Agent:
         await asyncio.to_thread(self.staged_jobs.release, job)
 
     async def _apply_retention(self, store: Store) -> None:
-        protect = {self.restored.step} if self.restored.step is not None else set()
+        steps = (self.restored.step, self.state.restoring)
+        protect = {step for step in steps if step is not None}
         try:
             deleted = await retention.apply(
                 store, self.config.retention, protect, self.config.torn_min_age
@@ -467,6 +554,7 @@ class Agent:
         server.on(protocol.Status, self.status)
         server.on(protocol.Bye, self.bye)
         server.on(protocol.Lease, self.lease)
+        server.on(protocol.AwaitRestore, self.await_restore)
         server.on_close(self.closed)
 
     async def hello(self, peer: Peer, request: protocol.Hello) -> protocol.Answer:
@@ -492,6 +580,38 @@ class Agent:
             framework=request.framework,
         )
         self.presence.connected = True
+        if self._restarted_here(peer) and self._store is not None:
+            log.info("a trainer restarted in this pod after a checkpoint was staged: restoring")
+            self._pending(self._store, asyncio.create_task(self._download(self._store)))
+        return await self._restore_answer()
+
+    def _restarted_here(self, peer: Peer) -> bool:
+        """Whether this ``hello`` starts a trainer again in this pod after it staged a
+        checkpoint (no other process that said hello is still here): it then resumes from
+        the newest valid checkpoint, this pod's own copy when it matches (DESIGN 7)."""
+        if self._restoring is not None or not self._staged_since_restore:
+            return False
+        live = self.server.live_pids() if self.server is not None else set()
+        return not any(
+            key != peer.number and not client.said_bye and client.pid in live
+            for key, client in self.state.clients.items()
+        )
+
+    async def await_restore(self, peer: Peer, request: protocol.AwaitRestore) -> protocol.Answer:
+        """The trainer reached the framework's load point: answered once the pending restore
+        ended, or pending still after ``seconds`` (the shim asks again)."""
+        if self._restoring is not None:
+            ended = self._restore_ended
+            seconds = min(request.seconds, max(0.0, self._restore_deadline - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), seconds)
+        return await self._restore_answer()
+
+    async def _restore_answer(self) -> protocol.HelloAnswer:
+        """What a process may resume from: pending, the checkpoint restored, or none."""
+        if self._restoring is not None:
+            left = max(0.0, self._restore_deadline - time.monotonic())
+            return protocol.HelloAnswer(restored=None, pending=round(left, 3))
         restored = self.restored
         if restored.step is None or restored.path is None:
             return protocol.HelloAnswer(restored=None)
@@ -504,7 +624,17 @@ class Agent:
             restored=protocol.Restored(step=restored.step, path=restored.path)
         )
 
+    def _refused_while_restoring(self) -> protocol.ErrorAnswer | None:
+        """Nothing is staged while a restore is pending: it could upload over the
+        checkpoint being fetched, and no trainer has resumed yet to have saved anything."""
+        if self._restoring is None:
+            return None
+        return protocol.ErrorAnswer.of("a restore is in progress: nothing is staged until it ends")
+
     async def staged(self, peer: Peer, request: protocol.Staged) -> protocol.Answer:
+        refused = self._refused_while_restoring()
+        if refused is not None:
+            return refused
         streamed = self.staged_jobs.partial_of(peer)
         self._stop_partial_timer(peer)  # completed now, or dropped if refused
         try:
@@ -522,6 +652,8 @@ class Agent:
             self._drop_partial_later(peer)
         if job.kind == protocol.KIND_JIT:
             self.grace.saved()
+        if job.kind != protocol.KIND_FINAL:
+            self._staged_since_restore = True
         size = job.size
         if job.kind != protocol.KIND_FINAL:  # the model alone says nothing of a checkpoint's size
             self.grace.last_checkpoint_bytes = size
@@ -547,6 +679,9 @@ class Agent:
         once a ``staged`` on this connection completes the checkpoint."""
         if request.kind != protocol.KIND_JIT:
             return protocol.ErrorAnswer.of("only a JIT checkpoint is staged in parts")
+        refused = self._refused_while_restoring()
+        if refused is not None:
+            return refused
         committed = self.uploader.newest_committed
         if backlog.at_or_below(request.step, committed):
             return protocol.ErrorAnswer.of(

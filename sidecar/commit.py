@@ -52,6 +52,7 @@ async def commit_node(
     nnodes: int,
     nproc_per_node: int | None = None,
     local: frozenset[str] = frozenset(),
+    shim_loads: bool = False,
     pod: str = "",
     job: str = "",
     gate: PartGate | None = None,
@@ -67,7 +68,7 @@ async def commit_node(
     may still land, and then no one could say whether the checkpoint was committed.
     ``local`` and ``nproc_per_node`` let a restore on the same layout skip the other
     nodes' files that only their own ranks read (``nodefiles``). ``staged_at`` (seconds
-    since the epoch) is the manifest's time; None: now.
+    since the epoch) is the manifest's time; None: now. ``shim_loads``: the manifest's.
     """
     started = time.monotonic()
 
@@ -89,6 +90,7 @@ async def commit_node(
         job=job,
         time=mf.iso_time(time.time() if staged_at is None else staged_at),
         files=entries,
+        shim_loads=shim_loads,
     )
     if committing is not None:
         committing()

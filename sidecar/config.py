@@ -33,6 +33,8 @@ ENV_GRACE_MARGIN = "JITCKPT_GRACE_MARGIN"  # seconds kept free before the SIGKIL
 ENV_TORN_MIN_AGE = "JITCKPT_TORN_MIN_AGE"  # seconds before retention may delete a torn one
 # Legacy run phase: seconds to wait for a first trainer process before giving up on it.
 ENV_TRAINER_START_TIMEOUT = "JITCKPT_TRAINER_START_TIMEOUT"
+# Seconds a restore the trainer already waits on may take; past it, nothing is restored.
+ENV_RESTORE_TIMEOUT = "JITCKPT_RESTORE_TIMEOUT"
 # Seconds a socket connection that has not said hello may go without a complete line.
 ENV_SOCKET_IDLE_SECONDS = "JITCKPT_SOCKET_IDLE_SECONDS"
 # A JIT checkpoint streamed in parts is dropped when nothing more came for it this long.
@@ -132,6 +134,7 @@ class AgentConfig(BaseModel):
     s3_max_attempts: int = Field(default=8, ge=1)
     torn_min_age: float = Field(default=3600.0, ge=0)
     trainer_start_timeout: float = Field(default=1800.0, gt=0)
+    restore_timeout: float = Field(default=1800.0, gt=0, le=protocol.MAX_RESTORE_SECONDS)
     socket_idle_seconds: float = Field(default=120.0, gt=0)
     stream_idle_seconds: float = Field(default=300.0, gt=0)
     s3_secret_dir: Path | None = None
@@ -211,6 +214,7 @@ class AgentConfig(BaseModel):
             "s3_max_attempts": ENV_S3_MAX_ATTEMPTS,
             "torn_min_age": ENV_TORN_MIN_AGE,
             "trainer_start_timeout": ENV_TRAINER_START_TIMEOUT,
+            "restore_timeout": ENV_RESTORE_TIMEOUT,
             "socket_idle_seconds": ENV_SOCKET_IDLE_SECONDS,
             "stream_idle_seconds": ENV_STREAM_IDLE_SECONDS,
             "s3_secret_dir": layout.ENV_S3_SECRET_DIR,

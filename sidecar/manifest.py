@@ -137,6 +137,10 @@ class Manifest(BaseModel):
         default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"), max_length=64
     )
     files: list[FileEntry] = Field(max_length=MAX_FILES)
+    # The shim resumes from it at the framework's load point (``protocol.Staged.shim_loads``),
+    # so a restore of it lets the trainer start during the download; false (and in older
+    # manifests): a script's own directory, in place before the trainer starts.
+    shim_loads: bool = False
 
     @field_validator("pod", "job")
     @classmethod

@@ -49,6 +49,11 @@ class Metrics:
         self.restore_seconds = Gauge(
             "jitckpt_restore_seconds", "Time the restore at start took", registry=r
         )
+        self.restore_downloaded = Counter(
+            "jitckpt_restore_downloaded_bytes",
+            "Bytes this pod's restores fetched (a copy already in place costs none)",
+            registry=r,
+        )
         self.torn_skipped = Counter(
             "jitckpt_restore_torn_skipped", "Torn checkpoints skipped by the restore", registry=r
         )
@@ -58,7 +63,7 @@ class Metrics:
         self.training_step = Gauge(
             "jitckpt_training_step", "Last step the trainer reported", registry=r
         )
-        self.ready = Gauge("jitckpt_ready", "1 once the restore is done", registry=r)
+        self.ready = Gauge("jitckpt_ready", "1 once the trainer may start", registry=r)
         self.grace_short_by = Gauge(
             "jitckpt_grace_short_by_seconds",
             "How much the grace period lacks for the measured checkpoint (0: enough)",

@@ -31,6 +31,14 @@ file in it is created relative to a directory descriptor with ``O_EXCL`` and
 ``O_NOFOLLOW``, and only then is it renamed into place. Paths come from
 manifests that ``manifest.decode`` validated: relative and normalized, so
 nothing is written outside the target.
+
+The trainer may run during the download (overlapped restore, DESIGN 5 and 7):
+``restore`` says which checkpoint it is about to fetch (``chosen``, with whether
+the shim loads it itself) before the first byte, so the agent can let the trainer
+start; the trainer reads the checkpoint only once the agent said it is in place.
+A copy already in place that matches the manifests is used as it is, with no
+download (``downloaded`` 0): a trainer restarted in the same pod resumes from the
+checkpoint its pod just committed.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -78,6 +87,7 @@ class RestoreResult:
     seconds: float = 0.0
     skipped: list[Skipped] = field(default_factory=list)
     reason: str = ""  # why nothing was restored
+    downloaded: int = 0  # bytes fetched from the store (0: the local copy was used)
 
     def skip(self, step: int, reason: str) -> None:
         """``step`` will not be restored: said once, in the log and in the status."""
@@ -85,10 +95,15 @@ class RestoreResult:
         self.skipped.append(Skipped(step, reason))
 
     def answer(self) -> dict[str, object] | None:
-        """The ``restored`` field of the ``hello`` answer."""
+        """The ``restored`` field of ``/status``: the ``hello`` answer's, and its bytes."""
         if self.step is None:
             return None
-        return {"step": self.step, "path": self.path}
+        return {
+            "step": self.step,
+            "path": self.path,
+            "size": self.size,
+            "downloaded": self.downloaded,
+        }
 
     def save(self, state_dir: Path | None) -> None:
         """For the legacy run phase, in the sidecar's own state directory (the trainer can
@@ -212,8 +227,9 @@ def _clear_partials(checkpoints: int) -> None:
 
 async def download(
     store: Store, state: CheckpointState, checkpoints_dir: Path, files: dict[str, mf.FileEntry]
-) -> Path:
-    """Fetch ``files`` of ``state`` into ``checkpoint-<step>/``, verified."""
+) -> tuple[Path, int]:
+    """Fetch ``files`` of ``state`` into ``checkpoint-<step>/``, verified: its path, and
+    the bytes fetched (0 when a copy in place matches the manifests already)."""
     name = mf.checkpoint_dir(state.step)
     checkpoints_dir.parent.mkdir(parents=True, exist_ok=True)  # the volume's mount point
     root = safefs.open_root(checkpoints_dir.parent)
@@ -224,7 +240,7 @@ async def download(
     try:
         if await asyncio.to_thread(_already_here, checkpoints, name, files):
             log.info("checkpoint-%d is already here and matches its manifests", state.step)
-            return checkpoints_dir / name
+            return checkpoints_dir / name, 0
         await asyncio.to_thread(_clear_partials, checkpoints)
         partial, target = _fresh_dir(checkpoints, name)
         try:
@@ -238,7 +254,7 @@ async def download(
         await asyncio.to_thread(_put_in_place, checkpoints, partial, name)
     finally:
         os.close(checkpoints)
-    return checkpoints_dir / name
+    return checkpoints_dir / name, sum(e.size for e in files.values())
 
 
 async def _fetch_all(store: Store, step: int, files: dict[str, mf.FileEntry], target: int) -> None:
@@ -286,17 +302,23 @@ async def _attempt(
     checkpoints_dir: Path,
     node: NodeLayout | None,
     pod: str,
-) -> tuple[Path, dict[str, mf.FileEntry]] | str:
-    """Restore what ``node`` needs of ``state``: its path and files, or why it was skipped
-    (the store being reachable). What the store holds of it that is not what its record
-    and manifests say is marked torn for every node (``marks``), by this node."""
+    *,
+    chosen: Chosen | None,
+) -> tuple[Path, dict[str, mf.FileEntry], int] | str:
+    """Restore what ``node`` needs of ``state``: its path, files and the bytes fetched, or
+    why it was skipped (the store being reachable). What the store holds of it that is not
+    what its record and manifests say is marked torn for every node (``marks``), by this
+    node. ``chosen`` hears of it before its download starts."""
     try:
         await validity.load(store, state, manifests_needed(state, node))
         files = needed(state, node)
         too_large = await asyncio.to_thread(_fits, checkpoints_dir, files)
         if too_large:
             return too_large
-        return await download(store, state, checkpoints_dir, files), files
+        if chosen is not None:
+            chosen(state.step, all(m.shim_loads for m in state.manifests.values()))
+        path, fetched = await download(store, state, checkpoints_dir, files)
+        return path, files, fetched
     except (Torn, VerificationError) as exc:
         why = str(exc) if isinstance(exc, Torn) else f"download failed verification: {exc}"
         if node is not None:
@@ -310,11 +332,20 @@ async def _attempt(
         return f"could not be written here: {type(exc).__name__}: {exc}"
 
 
+# Told the step about to be fetched, and whether the shim loads that checkpoint itself
+# (every manifest read says ``shim_loads``).
+Chosen = Callable[[int, bool], None]
+
+
 async def restore(
-    store: Store, checkpoints_dir: Path, node: NodeLayout | None = None, pod: str = ""
+    store: Store,
+    checkpoints_dir: Path,
+    node: NodeLayout | None = None,
+    pod: str = "",
+    chosen: Chosen | None = None,
 ) -> RestoreResult:
     """Find and download the newest valid checkpoint: what ``node`` (in pod ``pod``) needs
-    of it (``nodefiles``; None: every node's files)."""
+    of it (``nodefiles``; None: every node's files). ``chosen``: see ``Chosen``."""
     started = time.monotonic()
     result = RestoreResult()
     async for state in scan(store):
@@ -323,11 +354,11 @@ async def restore(
                 await _still_reachable(store, state.step, state.reason)
             result.skip(state.step, state.reason)
             continue
-        outcome = await _attempt(store, state, checkpoints_dir, node, pod)
+        outcome = await _attempt(store, state, checkpoints_dir, node, pod, chosen=chosen)
         if isinstance(outcome, str):
             result.skip(state.step, outcome)
             continue
-        path, files = outcome
+        path, files, result.downloaded = outcome
         result.step = state.step
         result.path = str(path)
         result.size = sum(e.size for e in files.values())
@@ -349,9 +380,10 @@ async def restore(
     result.seconds = time.monotonic() - started
     if result.step is not None:
         log.info(
-            "restored checkpoint-%d (%d bytes) in %.2fs to %s",
+            "restored checkpoint-%d (%d bytes, %d downloaded) in %.2fs to %s",
             result.step,
             result.size,
+            result.downloaded,
             result.seconds,
             result.path,
         )

@@ -79,6 +79,7 @@ class StagedJob:
     arrivals: Arrivals | None = None
     # Files only this node's ranks read on a resume on the same layout (``Staged.local``).
     local: frozenset[str] = frozenset()
+    shim_loads: bool = False  # ``Staged.shim_loads``: into the manifest
 
     @property
     def complete(self) -> bool:
@@ -108,6 +109,7 @@ class StagedJob:
                 for f in self.files
             ],
             "local": sorted(self.local),
+            "shim_loads": self.shim_loads,
         }
 
 
@@ -302,6 +304,7 @@ class StagingArea:
         self._add(job, _checked_names(request.files))  # none listed: every file there
         self._check_owned(job)
         job.local = frozenset(request.local)
+        job.shim_loads = request.shim_loads
         try:
             self._write_record(job)
         except OSError as exc:
@@ -342,6 +345,7 @@ class StagingArea:
             files=files,
             staged_at=now,
             local=frozenset(request.local),
+            shim_loads=request.shim_loads,
         )
         try:
             self._write_record(job)
@@ -500,6 +504,7 @@ class _Record:
     staged_at: float
     files: list[tuple[str, int, int, int]]  # path, device, inode, size
     local: frozenset[str] = frozenset()
+    shim_loads: bool = False
 
     @classmethod
     def parse(cls, raw: object) -> _Record:
@@ -529,6 +534,9 @@ class _Record:
             raise ValueError("local is not a list of names")
         if not set(local) <= set(names):
             raise ValueError("local is not a list of the record's files")
+        shim_loads = raw.get("shim_loads", False)
+        if type(shim_loads) is not bool:
+            raise ValueError("shim_loads is not true or false")
         return cls(
             id=job_id,
             step=_record_int(raw, "step", protocol.MAX_STEP),
@@ -536,6 +544,7 @@ class _Record:
             staged_at=float(staged_at),
             files=files,
             local=frozenset(local),
+            shim_loads=shim_loads,
         )
 
     def job(self, files: list[OpenedFile]) -> StagedJob:
@@ -546,6 +555,7 @@ class _Record:
             files=files,
             staged_at=self.staged_at,
             local=self.local,
+            shim_loads=self.shim_loads,
         )
 
 

@@ -47,6 +47,8 @@ class AgentState:
     grace: GraceClock
     phase: AgentPhase = "starting"
     restored: dict[str, object] | None = None
+    restoring: int | None = None  # the step being fetched while the trainer may run
+    downloaded_bytes: int = 0  # fetched from the store by this pod's restores, all of them
     restore_skipped: list[dict[str, object]] = field(default_factory=list)
     last_committed: Committed | None = None
     committed: list[Committed] = field(default_factory=list)
@@ -83,6 +85,8 @@ class AgentState:
             "nnodes": cfg.nnodes,
             "identity": self.identity,
             "restored": self.restored,
+            "restoring": self.restoring,
+            "downloaded_bytes": self.downloaded_bytes,
             "restore_skipped": self.restore_skipped,
             "set_aside": self.set_aside,
             "last_committed": asdict(self.last_committed) if self.last_committed else None,

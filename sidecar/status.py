@@ -1,7 +1,9 @@
 """HTTP status of the sidecar: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
-``/readyz`` is the startupProbe: it answers 200 only once the restore is done,
-so the kubelet starts the trainer after its checkpoint is in place. aiohttp is
+``/readyz`` is the startupProbe: it answers 200 once the trainer may start,
+so the kubelet starts the trainer then: after the restore when the checkpoint
+is a script's own directory, during it when the shim loads the checkpoint and
+waits for it itself (``agent``, overlapped restore). aiohttp is
 already in the image (aiobotocore's transport), so no web framework is added.
 """
 

@@ -51,6 +51,8 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
             else None
         ),
         "restored_step": (state.restored or {}).get("step"),
+        # Bytes this pod's restores fetched from the store (0: none, or the local copy used).
+        "downloaded_bytes": state.downloaded_bytes,
         "set_aside": state.set_aside,
         # The trainer's final progress report: the step its run ended at.
         "last_step": (state.progress or {}).get("step"),

@@ -94,6 +94,12 @@ class Uploader:
         """The newest checkpoint step this node committed (not final/), if any."""
         return self._newest_committed
 
+    def restored(self, step: int) -> None:
+        """A restore that ended after the uploads began put checkpoint-``step`` in place:
+        it is committed, so nothing at or below it is uploaded over it (``backlog``)."""
+        if self._newest_committed is None or step > self._newest_committed:
+            self._newest_committed = step
+
     # -- queue ---------------------------------------------------------------
 
     async def submit(self, job: StagedJob) -> None:
@@ -353,6 +359,7 @@ class Uploader:
                 nnodes=cfg.nnodes,
                 nproc_per_node=cfg.nproc_per_node,
                 local=job.local,
+                shim_loads=job.shim_loads,
                 pod=cfg.pod_name,
                 job=cfg.job_name,
                 gate=gate,

@@ -101,4 +101,9 @@ def test_restore_record_round_trip(config: AgentConfig, tmp_path: Path) -> None:
     result.save(state_dir)
     loaded = RestoreResult.load(state_dir)
     assert loaded == result
-    assert loaded is not None and loaded.answer() == {"step": 7, "path": result.path}
+    assert loaded is not None and loaded.answer() == {
+        "step": 7,
+        "path": result.path,
+        "size": 10,
+        "downloaded": 10,
+    }

@@ -166,7 +166,7 @@ class PlainLoop:
             return
         # Node 0's mark: a checkpoint written by fewer nodes than this job has (``reshard``).
         markers = (loopstate.node_marker(dist.ranks()["node_rank"]), loopstate.node_marker(0))
-        if all(newest_checkpoint(self.config.checkpoints_dir, m) is None for m in markers):
+        if self._nothing_to_resume(markers):
             return  # nothing of ours here: the sidecar restored nothing for a plain loop
         self._begin()
         assert self.run is not None
@@ -185,6 +185,23 @@ class PlainLoop:
         dataloaders.TRACKER.assign(saved["loaders"])
         if self.resume is not None:
             say("resuming the training loop from %s" % directory)
+
+    def _nothing_to_resume(self, markers: Tuple[str, ...]) -> bool:
+        """No checkpoint of a plain loop is here, nor will be: when the sidecar is there,
+        its restore may still be running (the trainer started during the download), so
+        it is asked, and waited for, before the local volume is believed."""
+
+        def absent() -> bool:
+            return all(newest_checkpoint(self.config.checkpoints_dir, m) is None for m in markers)
+
+        if not absent():
+            return False
+        if not os.path.exists(self.config.socket_path):
+            return True
+        self._begin()
+        assert self.run is not None
+        self.run.process.wait_for_restore()
+        return absent()
 
     def _read_saved(
         self, directory: str, step: int
