@@ -257,6 +257,13 @@ class Agent:
         node = NodeLayout(cfg.node_rank, cfg.nnodes, cfg.nproc_per_node)
         return await restore(store, cfg.checkpoints_dir, node, cfg.pod_name, self._chosen)
 
+    async def _restore_again(self, store: Store) -> RestoreResult:
+        """For a trainer restarted in this pod: once what it staged is committed (its JIT
+        checkpoint is uploading as it restarts), the newest valid checkpoint, which is this
+        pod's own copy when it matches the manifests."""
+        await self.uploader.wait_idle()
+        return await self._download(store)
+
     def _chosen(self, step: int, shim_loads: bool) -> None:
         """``restore`` is about to fetch checkpoint-``step``: the trainer may start now when
         the shim loads it itself (it waits for it where the framework reads it)."""
@@ -582,7 +589,7 @@ class Agent:
         self.presence.connected = True
         if self._restarted_here(peer) and self._store is not None:
             log.info("a trainer restarted in this pod after a checkpoint was staged: restoring")
-            self._pending(self._store, asyncio.create_task(self._download(self._store)))
+            self._pending(self._store, asyncio.create_task(self._restore_again(self._store)))
         return await self._restore_answer()
 
     def _restarted_here(self, peer: Peer) -> bool:

@@ -35,6 +35,7 @@ async def commit(
     kind: str = "periodic",
     nproc_per_node: int | None = None,
     local: frozenset[str] = frozenset(),
+    shim_loads: bool = False,
 ) -> CommitResult:
     files = [open_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file()]
     try:
@@ -47,6 +48,7 @@ async def commit(
             nnodes=nnodes,
             nproc_per_node=nproc_per_node,
             local=local,
+            shim_loads=shim_loads,
             pod="pod-a",
             job="job-1",
         )
