@@ -134,7 +134,8 @@ class AgentConfig(BaseModel):
     s3_max_attempts: int = Field(default=8, ge=1)
     torn_min_age: float = Field(default=3600.0, ge=0)
     trainer_start_timeout: float = Field(default=1800.0, gt=0)
-    restore_timeout: float = Field(default=1800.0, gt=0, le=protocol.MAX_RESTORE_SECONDS)
+    # As long as the startupProbe allows a restore the trainer waits for before it starts.
+    restore_timeout: float = Field(default=43200.0, gt=0, le=protocol.MAX_RESTORE_SECONDS)
     socket_idle_seconds: float = Field(default=120.0, gt=0)
     stream_idle_seconds: float = Field(default=300.0, gt=0)
     s3_secret_dir: Path | None = None

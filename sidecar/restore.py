@@ -380,12 +380,12 @@ async def restore(
     result.seconds = time.monotonic() - started
     if result.step is not None:
         log.info(
-            "restored checkpoint-%d (%d bytes, %d downloaded) in %.2fs to %s",
+            "restored checkpoint-%d (%d bytes) in %.2fs to %s, %d bytes downloaded",
             result.step,
             result.size,
-            result.downloaded,
             result.seconds,
             result.path,
+            result.downloaded,
         )
     else:
         log.info("nothing restored: %s", result.reason)

@@ -18,6 +18,15 @@ from local.podrunner import PodEvent
 PROGRESS_EVERY = 5  # steps between progress lines
 
 
+def downloaded(size: object) -> str:
+    """What a restore fetched from the store, as the sidecar's status says it."""
+    if not isinstance(size, int):
+        return "bytes downloaded unknown"
+    if size == 0:
+        return "the copy on the pod's volume, nothing downloaded"
+    return f"{size / 1e6:.2f} MB downloaded"
+
+
 @dataclass
 class Narrator:
     stream: IO[str]
@@ -48,7 +57,7 @@ class Narrator:
     def pod_event(self, event: PodEvent) -> None:
         where = f"{event.pod}/{event.container}" if event.container else event.pod
         if event.reason == "Started" and event.message.startswith("startupProbe passed"):
-            self.say(f"{where}: {event.message} (restore done; the trainer may start)")
+            self.say(f"{where}: {event.message} (the trainer may start)")
         elif event.reason == "PreStopHook":
             self.say(f"{where}: preStop hook {event.message.split(':')[0]}")
         elif event.reason == "Killing" and "SIGKILL" in event.message:
@@ -63,7 +72,13 @@ class Narrator:
                 self.once(
                     f"{pod}/restored",
                     f"{pod}: sidecar restored checkpoint-{restored.get('step')} "
-                    "before the trainer started",
+                    f"({downloaded(restored.get('downloaded'))})",
+                )
+            elif doc.get("restoring") is not None:
+                self.once(
+                    f"{pod}/restoring",
+                    f"{pod}: sidecar restoring checkpoint-{doc.get('restoring')}; the trainer "
+                    "starts meanwhile and waits for it where the checkpoint is read",
                 )
             else:
                 self.once(f"{pod}/restored", f"{pod}: sidecar ready, nothing to restore")

@@ -40,7 +40,7 @@ from typing import IO, Any
 from local.demo.destination import Destination
 from local.demo.jobpods import JobSpec
 from local.demo.jobrun import JobRun
-from local.demo.narrate import Narrator
+from local.demo.narrate import Narrator, downloaded
 from local.demo.saved import SavedComparison, compare_runs
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
@@ -388,10 +388,19 @@ class ResumedRun:
         marks = [d.get("set_aside") for d in self.docs]
         return [m for m in marks if isinstance(m, dict)]
 
+    def downloaded(self) -> dict[str, int | None]:
+        """Bytes each pod's sidecar fetched from the store to restore (its termination
+        message, from its status document): 0 when it used the copy on its own volume."""
+        return {
+            pod.name: doc.get("downloaded_bytes")
+            for pod, doc in zip(self.run.pods, self.docs, strict=True)
+        }
+
     def summary(self) -> dict[str, Any]:
         return {
             "run": self.number,
             "restored_step": self.restored,
+            "downloaded_bytes": self.downloaded(),
             "exit_codes": self.run.exit_codes(),
             "failures": self.failures(),
             "set_aside": self.set_aside(),
@@ -408,6 +417,8 @@ def resumed_runs(s: Scenario, final_weights: Path | None) -> list[ResumedRun]:
         run = resume(s, final_weights, number)
         resumed = ResumedRun(number, run, [_termination_doc(m) for m in run.messages()])
         runs.append(resumed)
+        for pod, size in resumed.downloaded().items():
+            s.narrator.say(f"run {number}: {pod} restored with {downloaded(size)}")
         for line in resumed.failures():
             s.narrator.say(line)
         for mark in resumed.set_aside():

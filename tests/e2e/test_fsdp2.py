@@ -43,6 +43,9 @@ def test_fsdp2_loop_two_nodes_one_pod_preempted_resumes_bitwise(tmp_path: Path) 
     restored = byte_counts(summary["sidecar_logs"]["resumed"], RESTORED)
     assert restored[0] == committed[0], (committed, restored)
     assert committed[1] < restored[1] < sum(committed), (committed, restored)
+    # The demo's summary says each pod's bytes, from its sidecar: the same downloads.
+    [resumed] = summary["resumed_runs"]
+    assert sorted(resumed["downloaded_bytes"].values()) == sorted(restored), resumed
 
 
 COMMITTED = re.compile(r"committed checkpoint-7 \(jit, (\d+) bytes")
