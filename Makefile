@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 CHECKOV_VERSION := 3.3.30
 SCANNER_VENV := .venv-checkov
 SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
+# torchtitan, for its trainer in the end-to-end tests (tests/e2e/test_torchtitan.py). Without
+# its own pins: it caps `datasets` below the version TRL needs. What its trainer imports is
+# in the dev extra (triton, tyro, torchdata, spmd_types, einops, tensorboard).
+TORCHTITAN := torchtitan==0.3.0
 
 .PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench images images-deps images-check clean
 
@@ -21,6 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps $(TORCHTITAN)
 	touch $(STAMP)
 
 $(SCANNER): Makefile

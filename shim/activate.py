@@ -27,6 +27,7 @@ ACCELERATE_DATA_MODULE = "accelerate.data_loader"
 ACCELERATOR_MODULE = "accelerate.accelerator"
 STATEFUL_LOADER_MODULE = "torchdata.stateful_dataloader.stateful_dataloader"
 FABRIC_MODULES = ("lightning.fabric.fabric", "lightning_fabric.fabric")
+TORCHTITAN_TRAINER_MODULE = "torchtitan.trainer"
 # Where the save_pretrained a plain loop's final model may be written with is defined.
 SAVE_PRETRAINED_MODULES = ("transformers.modeling_utils", "transformers.tokenization_utils_base")
 
@@ -48,6 +49,15 @@ def _on_lightning(config: ShimConfig) -> None:
 
     for name in LIGHTNING_PACKAGES:
         when_imported(name, hook)
+
+
+def _on_torchtitan(config: ShimConfig) -> None:
+    def hook(module: ModuleType) -> None:
+        from .frameworks.torchtitan import trainer as torchtitan
+
+        torchtitan.install(module, config)
+
+    when_imported(TORCHTITAN_TRAINER_MODULE, hook)
 
 
 def _on_torch_distributed(config: ShimConfig) -> None:
@@ -115,6 +125,7 @@ def activate() -> None:
         STATUS.install()  # from the start: a script may bind sys.exit before any Trainer exists
         _on_hf_trainer(config)
         _on_lightning(config)
+        _on_torchtitan(config)
         _on_torch_distributed(config)
         _on_torch(config)
     except Exception as exc:

@@ -57,6 +57,7 @@ FRAMEWORK_MODULES = (
     "transformers.trainer",
     "lightning.pytorch.",
     "pytorch_lightning.",
+    "torchtitan.trainer",
 )
 # After SIGTERM, how long the loop may go without a step boundary (or, after the
 # stop was agreed, without asking for its next batch) before the shim gives up and
