@@ -13,14 +13,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 import torch
+from torchtitan.components.checkpoint import CheckpointManager
 
-pytest.importorskip("torchtitan.components.checkpoint")
-
-from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
-
-from shim.frameworks.torchtitan import manager as titan  # noqa: E402
+from shim.frameworks.torchtitan import manager as titan
 
 
 class Counter:

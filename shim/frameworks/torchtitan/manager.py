@@ -53,7 +53,7 @@ def missing(manager: Any) -> Tuple[str, ...]:
     return tuple(name for name in wanted if not hasattr(manager, name))
 
 
-def second_manager(trainer: Any, manager_class: type, folder: str) -> Any:
+def second_manager(trainer: Any, manager_class: Any, folder: str) -> Any:
     """An enabled manager of ``manager_class`` over the trainer's own parts, saving into
     ``folder`` only when asked (built where the trainer's own is disabled)."""
     config = manager_class.Config(

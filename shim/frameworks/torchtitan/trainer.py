@@ -195,6 +195,7 @@ def install(module: ModuleType, config: ShimConfig) -> None:
             result = original(self, *args, **kwargs)
         finally:
             session.run.disarm()
+        session.run.final_progress(*session.position())  # the periodic reports may lag
         try:
             session.saver.manager.maybe_wait_for_saving()  # its last background save
             session.stage_written()
