@@ -185,6 +185,9 @@ class LoaderTrack:
         self.epochs: Dict[int, List[int]] = {}  # training pass -> its samplers' epochs
         self.plan: Optional[LoaderPlan] = None
         self.outer = False  # an Accelerate shard counts this loader's batches
+        # The Accelerate shard over a loader that keeps its own place (held weakly): it reads
+        # its loader a batch ahead, so the place at a save point is the shard's snapshot.
+        self.adapter: Optional["weakref.ref[Any]"] = None
         self.nested: Optional[CatchUp] = None  # for the shard's next base pass
         self.pending_skip: Optional[int] = None  # read by ``_index_sampler`` while a pass is built
         self.pending_samples: Optional[int] = None  # the same, in samples of its sampler
@@ -197,7 +200,7 @@ class LoaderTrack:
         to the processes it starts) without this process's live references: a weak
         reference cannot be pickled, and the pass under way is this process's own."""
         state = dict(self.__dict__)
-        state.update(loader=None, current=None, nested=None, armed=None)
+        state.update(loader=None, current=None, nested=None, armed=None, adapter=None)
         return state
 
     def mark_training(self, iteration: int) -> None:
@@ -767,10 +770,19 @@ def replay_first(iterator: Any, batches: int, then: Callable[[], None]) -> None:
 
 
 def _own_state(track: LoaderTrack) -> Optional[Dict[str, Any]]:
-    """The place of a loader that keeps its own (None: any other loader)."""
+    """The place of a loader that keeps its own (None: any other loader).
+
+    Under an Accelerate shard the loader's own ``state_dict()`` is a batch ahead of
+    the loop (the shard fetches the next batch before it yields one); the shard's
+    ``state_dict()`` is Accelerate's snapshot from before that fetch, the one its
+    own ``save_state`` writes, and it loads back through the same loader.
+    """
     loader = track.loader() if track.loader is not None else None
     if track.own is None or loader is None:
         return None
+    adapter = track.adapter() if track.adapter is not None else None
+    if adapter is not None and track.own == ownplace.LOADER:
+        return dict(adapter.state_dict())
     return ownplace.state(loader, track.own)
 
 
@@ -1045,6 +1057,14 @@ def install_accelerate(module: Any) -> None:
             return shard_iter(self)
         if not track.outer:
             track.outer = True
+            if track.own == ownplace.LOADER:
+                track.adapter = weakref.ref(self)
+            elif track.own is not None and track.problem is None:
+                track.problem = (
+                    "an IterableDataset with its own state_dict() under Accelerate's "
+                    "DataLoaderShard, which reads a batch ahead of the loop (with "
+                    "use_stateful_dataloader=True its place is followed)"
+                )
             if self.__dict__.get("skip_batches") and track.problem is None:
                 track.problem = "Accelerate's skip_batches"
         try:

@@ -319,3 +319,32 @@ def test_a_script_that_resumes_by_itself_is_not_replayed(shim_env: ShimEnv) -> N
     assert len(result["refused"]) == 1
     assert "pass 0 starts at sampler epoch [2], in the checkpoint at [1]" in result["refused"][0]
     assert result["batches"] == 4  # not replayed as a finished pass: the whole pass runs
+
+
+@pytest.mark.slow
+def test_accelerate_s_stateful_loader_over_a_stream_resumes_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """``use_stateful_dataloader=True``: Accelerate's shard reads its StatefulDataLoader a
+    batch ahead, so the place saved is the shard's own snapshot, not the loader's (which
+    would skip a batch on resume, silently)."""
+    args = [PYTHON, str(SCRIPTS / "loop_accelerate_streaming.py")]
+    args += ["--corpus", str(tmp_path / "corpus.jsonl")]
+    out = {
+        name: ["--output", str(tmp_path / f"{name}.pt")] for name in ("reference", "cut", "resumed")
+    }
+    reference = spawn([*args, *out["reference"]], shim_env.without_shim())
+    cut = spawn([*args, *out["cut"]], {**shim_env.env, HOLD: "7"})
+    cut.wait_for("holding at step 7 ", timeout=180)  # 40 batches, 2 per step: mid-pass
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    resumed = spawn([*args, *out["resumed"]], shim_env.env)
+    assert resumed.wait(timeout=180) == 0, resumed.output()[-3000:]
+    assert "resumed at step 7: DataLoader #1, pass 0, after batch 14" in resumed.output()
+    assert reference.wait(timeout=180) == 0
+    assert_bitwise_equal(tmp_path / "resumed.pt", tmp_path / "reference.pt")
+    assert losses_of(resumed.output()) == losses_of(reference.output())[14:]
+
+
+def losses_of(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("loss ")]
