@@ -25,6 +25,12 @@ Lightning's, a plain loop's optimizer steps), however far apart they drift:
    after its post, which is at most ``T``. So every rank stops at ``T``; the
    signalled rank's own step when no other rank had gone past it (what a
    collective at every step would give), the next one when some had.
+5. At ``T`` the ranks settle stop or leave once more, through the store: a rank
+   may come to want to leave after its thread posted (it can no longer follow
+   its loop between the post and ``T``), and a rank that cannot follow its loop
+   must not save it while the others do. Each rank at ``T`` says whether it
+   leaves, the last to arrive marks the round settled, and every rank leaves if
+   any does. Once a run, when it stops: no cost to the steps that go on.
 
 A world of one (or no process group) decides alone, at once. The store's host
 may be the pod that is going away: its torchrun launcher lives until its
@@ -36,6 +42,7 @@ the run without a JIT checkpoint (said once), never hung.
 from __future__ import annotations
 
 import atexit
+import datetime
 import itertools
 import threading
 import weakref
@@ -127,6 +134,25 @@ class StopAgreement:
                 RuntimeError("step %d is past the agreed step %d" % (step, decision.step)),
             )
             return Decision(step, LEAVE)
+        return self._settle(decision)
+
+    def _settle(self, decision: Decision) -> Decision:
+        """Rule 5: every rank at ``T`` leaves if any rank wants to leave by then."""
+        with self._lock:
+            leave = LEAVE in (self._wants, decision.vote)
+        store = self._store
+        assert store is not None
+        try:
+            if leave:
+                store.set("leave", b"1")
+            if store.add("settling", 1) == self._world:
+                store.set("settled", b"1")
+            store.wait(["settled"], datetime.timedelta(seconds=DECISION_TIMEOUT_SECONDS))
+            if store.check(["leave"]):
+                return Decision(decision.step, LEAVE)
+        except Exception as exc:
+            failed("settling the stop with the other ranks", exc)
+            return Decision(decision.step, LEAVE)
         return decision
 
     def _alone(self, step: int) -> Decision:

@@ -111,6 +111,24 @@ def test_a_rank_that_leaves_wins_over_one_that_stops(server: dist.TCPStore) -> N
     )
 
 
+def test_a_rank_that_must_leave_after_its_post_takes_every_rank_with_it(
+    server: dist.TCPStore,
+) -> None:
+    """Rank 1's thread posted "go on" for rank 0's request; by the agreed step rank 1
+    can no longer follow its loop: no rank saves that step, every rank leaves."""
+    ranks = [StopAgreement(1, jobstore.Space(connect(server, "late"), r, 2)) for r in range(2)]
+    for rank in ranks:
+        assert rank.at_step_end(4, GO) is None
+    ended: dict[int, Decision | None] = {}
+    asking = threading.Thread(target=lambda: ended.update({0: ranks[0].at_step_end(5, STOP)}))
+    asking.start()
+    assert ranks[1]._decided.wait(10)  # its thread posted and read the decision: stop at 5
+    assert ranks[1].decision == Decision(5, STOP)
+    ended[1] = ranks[1].at_step_end(5, LEAVE)
+    asking.join(10)
+    assert ended == {0: Decision(5, LEAVE), 1: Decision(5, LEAVE)}
+
+
 def test_a_request_after_the_other_ranks_ended_does_not_hang(server: dist.TCPStore) -> None:
     """A SIGTERM at the last step of rank 0, after rank 1's run ended: rank 0 goes on."""
     job = Job(server, world=2, steps=5, seed=3)
@@ -125,8 +143,9 @@ def test_many_ranks_need_a_request_each_and_one_read_of_all_posts(server: dist.T
     ended = job.run(lambda rank, step: STOP if rank == 17 and step >= 4 else GO)
     assert len({step for step, _ in ended.values()}) == 1
     keys = server.num_keys()
-    # per rank: its go key and its post; for the job: the counter and the decision
-    assert keys <= 2 * 32 + 2 + 1  # (+1: the server's own key of its workers)
+    # per rank: its go key and its post; for the job: the counter and the decision, and
+    # at the stop step the count of ranks settling and the mark that all did
+    assert keys <= 2 * 32 + 4 + 1  # (+1: the server's own key of its workers)
 
 
 def test_a_world_of_one_decides_at_once() -> None:
