@@ -127,6 +127,8 @@ class SidecarLink:
         # report waits for it, so a periodic one is never written after the final one.
         self._sending = threading.Lock()
         self._progress_thread: Optional[threading.Thread] = None
+        # The progress thread's own connection (None until it starts): see ``final_progress``.
+        self._progress_client: Optional[Client] = None
 
     def present(self) -> bool:
         """Whether a sidecar socket exists at all (said once when it does not)."""
@@ -244,21 +246,27 @@ class SidecarLink:
                 self._mailbox = None  # an older report must not land after this one
             if not self.present():
                 return
+            report = protocol.Progress(step=step, max_steps=max_steps, epoch=epoch, resumed=resumed)
             with self._lock:
                 try:
-                    self._client.send(
-                        protocol.Progress(
-                            step=step, max_steps=max_steps, epoch=epoch, resumed=resumed
-                        )
-                    )
+                    self._client.send(report)
                 except (OSError, ValueError) as exc:
                     say_once("sidecar-progress", "could not report the last step: %s" % exc)
+            # Written in order does not mean read in order: the sidecar reads its
+            # connections as they come, so a periodic report written before this one on
+            # the thread's connection may be read after it (the termination message then
+            # named a step before the last). Once more on that connection, after them.
+            if sending and self._progress_client is not None and resumed is None:
+                try:
+                    self._progress_client.send(report)
+                except (OSError, ValueError):
+                    self._progress_client.close()
         finally:
             if sending:
                 self._sending.release()
 
     def _send_progress(self) -> None:
-        client = Client(self.socket_path, timeout=self._timeout)
+        client = self._progress_client = Client(self.socket_path, timeout=self._timeout)
         while True:
             with self._mail:
                 while self._mailbox is None:
