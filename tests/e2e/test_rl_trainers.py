@@ -10,10 +10,12 @@ preempted, in its weights and in what the script saved.
 
 Steps are 1-based; the JIT checkpoint is at the preemption step N, so the
 resumed run begins with step N + 1, which is "inside" a generation unless a
-generation begins there. The cases cover both trainers, both knobs that make a
+generation begins there. The two cases cover both trainers, both knobs that make a
 generation span steps (``steps_per_generation 2``, ``num_iterations 2`` with
-gradient accumulation), a stop inside a generation and at its first step, 1
-and 2 nodes, one pod and every pod preempted.
+gradient accumulation), 1 and 2 nodes, one pod and every pod preempted, each
+stopped inside a generation (the case that resumed wrongly). A stop at a
+generation's first step goes through the same save and put-back
+(``tests/shim/test_hidden_state.py``); each demo costs a minute of the suite.
 """
 
 from __future__ import annotations
@@ -52,15 +54,6 @@ class Case:
 CASES = [
     Case("grpo", 2, "one", 7, ("--steps_per_generation", "2"), 2, False),
     Case(
-        "grpo",
-        1,
-        "all",
-        6,
-        ("--num_iterations", "2", "--gradient_accumulation_steps", "2"),
-        2,
-        True,
-    ),
-    Case(
         "rloo",
         1,
         "all",
@@ -69,7 +62,6 @@ CASES = [
         2,
         False,
     ),
-    Case("rloo", 2, "all", 4, ("--steps_per_generation", "2"), 2, True),
 ]
 
 
