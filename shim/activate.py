@@ -89,9 +89,11 @@ def _on_torch(config: ShimConfig) -> None:
         plainloop.install_accelerator(module)
 
     def fabric(module: ModuleType) -> None:
+        from . import finalsaves
         from .frameworks.fabric import strategies
 
         strategies.install(module)
+        finalsaves.watch_fabric_save(module)
 
     def stateful_loader(module: ModuleType) -> None:
         from .frameworks.plain import loop as plainloop

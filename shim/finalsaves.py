@@ -1,11 +1,13 @@
 """The final model of a plain loop: what rank 0 saves after its last optimizer step.
 
-A plain PyTorch loop (Accelerate's included) has no "training ended" event
-and no save method of its own, so the shim watches the two ways such a
-program writes a model to files: ``torch.save(obj, path)`` (which
-``accelerator.save`` uses too) and ``save_pretrained(directory)`` of
+A plain PyTorch loop (Accelerate's and Fabric's included) has no "training
+ended" event and no save method of its own, so the shim watches the ways such
+a program writes a model to files: ``torch.save(obj, path)`` (which
+``accelerator.save`` uses too), ``save_pretrained(directory)`` of
 transformers' models and tokenizers (new or rewritten files in the
-directory, as for the HF Trainer's ``save_model``). Every optimizer step
+directory, as for the HF Trainer's ``save_model``), and Lightning Fabric's
+``fabric.save(path, state)`` (a file, or a directory of shards; Fabric writes
+through a buffer, which the ``torch.save`` watch does not see). Every optimizer step
 forgets what was saved before it: the files saved after the last step, by
 the program's own code, are the final model, handed to the sidecar when the
 process exits with status 0 (``final``).
@@ -40,6 +42,8 @@ SAVE_PRETRAINED = (
     ("transformers.modeling_utils", "PreTrainedModel"),
     ("transformers.tokenization_utils_base", "PreTrainedTokenizerBase"),
 )
+# Marks Fabric's ``save`` once wrapped (its class may be reached through two modules).
+ATTR_FABRIC_SAVE = "_jitckpt_final"
 # Code of these packages saving is the shim's own, never the program's final model.
 SHIM_PACKAGES = ("_jitckpt_shim", "shim")
 
@@ -147,6 +151,38 @@ def _wrap_save_pretrained(cls: type) -> None:
     cls.save_pretrained = save_pretrained  # type: ignore[attr-defined]
 
 
+def _wrap_fabric_save(cls: type) -> None:
+    original = cls.save  # type: ignore[attr-defined]
+
+    def save(self: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        saves = _SAVES[0] if _SAVES else None
+        target: Optional[str] = None
+        before: final.Snapshot = {}
+        try:
+            if saves is not None and saves.watching() and isinstance(path, (str, os.PathLike)):
+                target = os.path.abspath(os.fspath(path))
+                before = final.snapshot(target) if os.path.isdir(target) else {}
+        except Exception as exc:
+            failed("watching fabric.save", exc)
+            target = None
+        result = original(self, path, *args, **kwargs)
+        if saves is not None and target is not None:
+            try:
+                if os.path.isdir(target):  # a sharded checkpoint: the files it wrote
+                    after = final.snapshot(target)
+                    saves.wrote([os.path.join(target, f) for f in final.written(before, after)])
+                elif os.path.isfile(target):
+                    saves.wrote([target])
+            except Exception as exc:
+                failed("recording a fabric.save as the final model", exc)
+        return result
+
+    save.__doc__ = original.__doc__
+    save.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(save, ATTR_FABRIC_SAVE, True)
+    cls.save = save  # type: ignore[attr-defined]
+
+
 _SAVES: List[FinalSaves] = []
 
 
@@ -173,3 +209,11 @@ def watch_save_pretrained(module: Any) -> None:
         cls = getattr(module, class_name, None) if module.__name__ == module_name else None
         if isinstance(cls, type) and callable(getattr(cls, "save_pretrained", None)):
             _wrap_save_pretrained(cls)
+
+
+def watch_fabric_save(module: Any) -> None:
+    """Wrap ``Fabric.save`` of Fabric's module (``lightning.fabric`` or ``lightning_fabric``)."""
+    cls = getattr(module, "Fabric", None)
+    save = getattr(cls, "save", None) if isinstance(cls, type) else None
+    if callable(save) and not getattr(save, ATTR_FABRIC_SAVE, False):
+        _wrap_fabric_save(cls)  # type: ignore[arg-type]

@@ -47,10 +47,16 @@ def test_a_lightning_fabric_loop_with_one_pod_of_two_preempted_resumes_bitwise(
     tmp_path: Path,
 ) -> None:
     """Fabric's DDP, bf16 precision plugin, DistributedSampler, a per-batch scheduler and
-    augmentation in 2 workers; stopped in its second epoch."""
+    augmentation in 2 workers; stopped in its second epoch. What ``fabric.save`` wrote at
+    the end (through a buffer, not a path torch.save sees) is the final model in the
+    store, equal to the uninterrupted run's."""
     options = ["--nnodes", "2", "--preempt-at-step", "17", "--preempt-nodes", "one", "--keep"]
     summary = demo_summary(FABRIC, options, tmp_path)
     assert_resumed_bitwise(summary, 17)
+    final = summary["final_model"]
+    assert final is not None and final["valid"] and final["files"] == 1, summary["final_model"]
+    saved = summary["saved_output"]
+    assert saved["equal"] is True and saved["files"] == ["fabric_model.ckpt"], saved
     log = Path(summary["trainer_logs"]["preempted"][0]).read_text(errors="replace")
     assert "(Lightning Fabric: DDPStrategy, MixedPrecision)" in log
     assert "a JIT stop: its workers saved a JIT checkpoint" in log
