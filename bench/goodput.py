@@ -11,6 +11,7 @@ of one PyTorchJob run by the local pod runner against the embedded S3 server
   passes; the script's own periodic saves every `JITCKPT_SAVE_EVERY` steps
   (written in the background, uploaded by the sidecar) and the JIT checkpoint
   at SIGTERM.
+- jitckpt JIT only: the same with no periodic saves, only the JIT checkpoint.
 - periodic, N = 10 and 50: plain HF saves every N steps, each uploaded with
   `s5cmd` in `on_save` before training goes on; the pod's command downloads
   the newest complete one with `s5cmd` and starts the script, which calls
@@ -31,6 +32,10 @@ Wall time to finish is the sum of the attempts, from each pod's start
 not counted, for any subject. Steps trained twice: for each preemption, the
 last step the attempt ended minus the step the next one resumed after. Time
 lost per preemption: (wall time - the floor's) / the number of preemptions.
+Each subject saving as a peer does is also set against that peer alone (the
+"same saves" figures): jitckpt JIT only against HF's JIT, jitckpt with its
+saves every 50 against HF's saves every 50, so what is compared is how a
+checkpoint is taken, moved and restored, not how often.
 
     python -m bench.goodput [--quick] [--reps N]
 """
@@ -57,10 +62,14 @@ SEED = 25
 PREEMPTIONS = 3
 JITCKPT_SAVE_EVERY = 50
 JITCKPT = "jitckpt"
+JITCKPT_JIT_ONLY = "jitckpt JIT only"
+JITCKPT_SUBJECTS = (JITCKPT, JITCKPT_JIT_ONLY)
 PERIODIC = {10: "hf periodic saves every 10 + s5cmd", 50: "hf periodic saves every 50 + s5cmd"}
 HF_JIT = "hf enable_jit_checkpoint + s5cmd cp"
 FLOOR = "uninterrupted, no saves (floor)"
-PREEMPTED = (JITCKPT, *PERIODIC.values(), HF_JIT)
+PREEMPTED = (JITCKPT, JITCKPT_JIT_ONLY, *PERIODIC.values(), HF_JIT)
+# jitckpt's subject and the peer that saves as often (the "same saves" figures).
+SAME_SAVES = ((JITCKPT_JIT_ONLY, HF_JIT), (JITCKPT, PERIODIC[JITCKPT_SAVE_EVERY]))
 MB = 1_000_000
 
 
@@ -155,10 +164,10 @@ class JobRunner:
         """The trainer container's command for this subject, with what it does on restart."""
         if self.subject == FLOOR:
             return workload_argv(self.shape, out, timeline_path, max_steps=self.max_steps)
-        if self.subject == JITCKPT:
+        if self.subject in JITCKPT_SUBJECTS:
+            every = JITCKPT_SAVE_EVERY if self.subject == JITCKPT else 0
             return workload_argv(
-                self.shape, out, timeline_path, max_steps=self.max_steps,
-                save_steps=JITCKPT_SAVE_EVERY,
+                self.shape, out, timeline_path, max_steps=self.max_steps, save_steps=every,
             )  # fmt: skip
         every = next((n for n, name in PERIODIC.items() if name == self.subject), 0)
         mode = "hf-jit" if self.subject == HF_JIT else "none"
@@ -171,7 +180,8 @@ class JobRunner:
 
     def run(self, stops: Sequence[int | None]) -> Goodput:
         node = node_for(self.work / "node", self.s3_env)
-        destination = f"s3://{BUCKET}/jitckpt" if self.subject == JITCKPT else None
+        jitckpt = self.subject in JITCKPT_SUBJECTS
+        destination = f"s3://{BUCKET}/{self.subject_key}" if jitckpt else None
         job = PodJob(node, self.subject_key, self.s3_env, destination)
         attempts = []
         for number, stop_at in enumerate(stops):
@@ -180,7 +190,7 @@ class JobRunner:
             path = here / "timeline.jsonl"
             command = self.argv(here / "output", path)
             peer_times = None
-            if self.subject not in (JITCKPT, FLOOR):
+            if not jitckpt and self.subject != FLOOR:
                 peer_times = here / "peer-times.json"
                 command = self._peer_command(command, here / "output", peer_times)
             times = job.attempt(command, path, stop_at, 600 + self.max_steps * 10, peer_times)
@@ -254,7 +264,18 @@ def cases(
         ]
         return Case(NAME, case, metric, unit, True, series, note=note)
 
+    def same_saves(ours: str, peer: str) -> Case:
+        series = [
+            Series(name, [job.lost_per_preemption(floor_median) for job in jobs[name]], params)
+            for name in (ours, peer)
+        ]
+        return Case(
+            NAME, f"{case}; same saves as the peer", "time lost per preemption", "s", True,
+            series, reference=ours, note=note,
+        )  # fmt: skip
+
     return [
+        *(same_saves(ours, peer) for ours, peer in SAME_SAVES),
         figure("wall time to finish", "s", lambda job: job.seconds, True),
         figure("wall time ÷ uninterrupted", "x", lambda job: job.seconds / floor_median, False),
         figure("steps trained twice", "steps", lambda job: job.steps_trained_twice(), False),

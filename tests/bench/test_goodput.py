@@ -7,9 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from bench.goodput import Attempt, Goodput, attempt_of, preemption_steps
+from bench.goodput import (
+    FLOOR,
+    HF_JIT,
+    JITCKPT,
+    JITCKPT_JIT_ONLY,
+    PERIODIC,
+    Attempt,
+    Goodput,
+    JobRunner,
+    attempt_of,
+    cases,
+    preemption_steps,
+)
 from bench.podjob import PodTimes
 from bench.time_to_resume import floor_seconds
+from bench.training_run import ModelShape
 
 
 def test_preemptions_are_the_same_for_every_subject_and_spread_over_the_run() -> None:
@@ -71,3 +84,29 @@ def test_the_resume_floor_is_the_download_plus_the_framework_load() -> None:
     assert floor_seconds(peer) == pytest.approx(1.5 + 4.0)
     with pytest.raises(ValueError):
         floor_seconds(Attempt(9.0, 0, 4, first_step_seconds=4.0, restore_seconds=0.0))
+
+
+def test_each_jitckpt_subject_is_also_set_against_the_peer_that_saves_as_often(
+    tmp_path: Path,
+) -> None:
+    """JIT only against HF's JIT, saves every 50 against HF's every 50: the "same saves"
+    figures hold just the two, jitckpt's the reference; the JIT-only pod saves nothing
+    periodically."""
+    lost = {JITCKPT_JIT_ONLY: 3.0, HF_JIT: 6.0, JITCKPT: 5.0, PERIODIC[50]: 20.0, PERIODIC[10]: 9.0}
+    jobs = {
+        name: [Goodput([_attempt(10.0, 0, 20), _attempt(10.0 + s, 20, 40)])]
+        for name, s in lost.items()
+    }
+    jobs[FLOOR] = [Goodput([_attempt(20.0, 0, 40)])]
+    shape = ModelShape.for_state("50 MB", 50_000_000)
+    same = [c for c in cases("50 MB", shape, 40, [20], jobs) if "same saves" in c.case]
+    assert [(c.reference, [s.subject for s in c.series]) for c in same] == [
+        (JITCKPT_JIT_ONLY, [JITCKPT_JIT_ONLY, HF_JIT]),
+        (JITCKPT, [JITCKPT, PERIODIC[50]]),
+    ]
+    assert [c.ratios() for c in same] == [{HF_JIT: 0.5}, {PERIODIC[50]: 0.25}]
+    runner = JobRunner(JITCKPT_JIT_ONLY, shape, 40, {}, tmp_path)
+    argv = runner.argv(tmp_path / "out", tmp_path / "timeline.jsonl")
+    assert argv[argv.index("--save-steps") + 1] == "0"
+    argv = JobRunner(JITCKPT, shape, 40, {}, tmp_path).argv(tmp_path, tmp_path)
+    assert argv[argv.index("--save-steps") + 1] == "50"
