@@ -43,7 +43,7 @@ SHARED_PARTS = frozenset({"jitckpt", "shim"})
 # The shim imports these only when the user's program has (feature-detected);
 # they come from the trainer's image, never from ours.
 USER_STACK = frozenset(
-    ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "numpy")
+    ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "numpy", "torchtitan")
 )
 
 
