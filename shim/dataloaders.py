@@ -44,6 +44,8 @@ HF's Trainer and Lightning own their loops: the tracker then only records
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import signal
 import weakref
@@ -934,6 +936,40 @@ def _put_back(start: Dict[str, Any], roots: tuple, shard: Any) -> None:
         shard.iteration = start["iteration"]
 
 
+# The multi-process DataLoader iterators this process made (``_note_iterators``), weakly.
+_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _note_iterators(iterator_cls: type) -> None:
+    """Note each multi-process DataLoader iterator, for ``_end_workers_at_exit``."""
+    init: Callable[..., None] = iterator_cls.__dict__["__init__"]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            _ITERATORS.add(self)
+        except Exception as exc:
+            TRACKER.listener.tracking_failed(exc)
+
+    setattr(iterator_cls, "__init__", __init__)  # noqa: B010 (a class's own attribute)
+
+
+def _end_workers_at_exit() -> None:
+    """Shut down the workers of the iterators still alive at exit, as torch does when an
+    iterator is deleted (each worker is told to end and joined), and kill any that then
+    still runs (they ignore SIGTERM)."""
+    for iterator in list(_ITERATORS):
+        try:
+            iterator._shutdown_workers()
+            for worker in getattr(iterator, "_workers", ()):
+                if worker.is_alive():
+                    with contextlib.suppress(OSError):  # gone already
+                        worker.kill()
+        except Exception as exc:
+            TRACKER.listener.tracking_failed(exc)
+
+
 def workers_leave_sigterm() -> None:
     """DataLoader worker processes ignore SIGTERM: their training process decides their end.
 
@@ -942,12 +978,20 @@ def workers_leave_sigterm() -> None:
     training process (from its SIGCHLD handler, anywhere) before it reaches
     the step where it saves. The training process shuts its workers down
     itself, and a worker whose training process is gone exits on its own.
+
+    One end is multiprocessing's own at interpreter exit: it stops the daemonic
+    children still alive with SIGTERM and joins them. A loader with persistent
+    workers whose iterator outlives the program (Lightning's, when a SIGTERM
+    ends ``fit()`` at an epoch's end) has such workers, and one that ignores
+    SIGTERM held that exit forever; ``_end_workers_at_exit`` ends them first,
+    as that SIGTERM would have.
     """
     from torch.utils.data._utils import signal_handling
 
     original = signal_handling._set_worker_signal_handlers
     if getattr(original, "_jitckpt_patched", False):
         return
+    atexit.register(_end_workers_at_exit)  # after multiprocessing's: it runs before it
 
     @functools.wraps(original)
     def _set_worker_signal_handlers(*args: Any) -> None:
@@ -961,12 +1005,13 @@ def workers_leave_sigterm() -> None:
 def install(torch: Any) -> None:
     """Patch ``DataLoader`` and its iterators (the post-import hook on torch calls this)."""
     from torch.utils.data import DataLoader, sampler
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
     from torch.utils.data.distributed import DistributedSampler
 
     if getattr(DataLoader, "_jitckpt_patched", False):
         return
     workers_leave_sigterm()
+    _note_iterators(_MultiProcessingDataLoaderIter)
     for known in (
         sampler.SequentialSampler,
         sampler.RandomSampler,

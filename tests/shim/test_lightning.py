@@ -110,7 +110,10 @@ def test_train_data_that_cannot_resume_exactly_gets_no_checkpoint_and_lightnings
         ("shim", {**shim_env.env, "JITCKPT_SAVE_STEPS": "2"}),
     ):
         run = spawn([PYTHON, SCRIPT, "--output-dir", str(tmp_path / name), *args], env)
-        run.wait_for("rank 0 step 3\n", timeout=120)
+        # The first epoch's last step (96 samples, batch 8): Lightning ends fit() at the
+        # epoch's end with the persistent workers' iterator alive at exit, whose workers
+        # (SIGTERM ignored under the shim) held multiprocessing's exit forever.
+        run.wait_for("rank 0 step 12\n", timeout=120)
         run.signal(signal.SIGTERM)
         runs[name] = (run.wait(), run.output())
     code, output = runs["shim"]
