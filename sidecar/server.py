@@ -162,12 +162,16 @@ class ProtocolServer:
         log.info("listening for the shim on %s", self._path)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        """Stop listening and end every conversation. The conversations are cancelled
+        before the wait: from Python 3.12 on, ``wait_closed`` waits for every open
+        connection, and a trainer (or anything else in the pod) may hold one open."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         for task in list(self._tasks):
             task.cancel()
+        if server is not None:
+            await server.wait_closed()
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()
 

@@ -132,9 +132,12 @@ class JobRun:
                 try:
                     self.results.append(pod.wait(remaining))
                 except TimeoutError:
+                    running = "; ".join(pod.still_running())
                     for other in self.pods:
                         other.kill()
-                    raise JobError(f"pod {pod.name} still running after {timeout:.0f} s") from None
+                    raise JobError(
+                        f"pod {pod.name} still running after {timeout:.0f} s: {running}"
+                    ) from None
         finally:
             if self.poller is not None:
                 self.poller.stop()

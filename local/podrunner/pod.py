@@ -178,6 +178,21 @@ class Pod:
     def container(self, name: str) -> Container:
         return self._containers[name]
 
+    def still_running(self, lines: int = 3) -> list[str]:
+        """Each container still running, with the last ``lines`` lines of its log: what a
+        pod that did not end in time was doing, for the error that says so."""
+        described = []
+        for name, container in list(self._containers.items()):
+            if not container.running:
+                continue
+            try:
+                tail = container.log_path.read_bytes()[-4096:].decode("utf-8", "replace")
+            except OSError:
+                tail = ""
+            last = " | ".join(tail.strip().splitlines()[-lines:])
+            described.append(f"{name} still running ({last or 'no output'})")
+        return described
+
     @property
     def done(self) -> bool:
         return self._result is not None

@@ -57,7 +57,6 @@ class Case:
 
 
 CASES = [
-    Case(FAST, 1, "all", 17),
     Case(FAST, 2, "all", 23),
     Case(FAST, 2, "one", 9, kind="trainjob"),
     Case(SLOW, 1, "all", 4),

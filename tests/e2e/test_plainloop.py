@@ -183,18 +183,3 @@ def test_demo_cli_on_a_single_process_loop_reports_ok(tmp_path: Path) -> None:
     assert summary["jit_checkpoint_step"] == summary["resumed_from_step"] == step
     assert summary["final_step"] == 30
     assert summary["equal_to_uninterrupted"] is True
-
-
-@pytest.mark.slow
-def test_demo_cli_on_two_nodes_one_pod_preempted_reports_ok(tmp_path: Path) -> None:
-    """The same command on the Accelerate loop: two pods, only one told to stop (the DDP
-    loop's two-node story with one pod preempted is test_ddp_loop_preempted_mid_epoch...)."""
-    jitckpt = Path(sys.executable).with_name("jitckpt")
-    command = [str(jitckpt), "demo", "--script", str(ACCELERATE_SCRIPT), "--nnodes", "2"]
-    command += ["--preempt-nodes", "one", "--preempt-at-step", "7", "--compare", "--json"]
-    command += ["--workdir", str(tmp_path / "demo")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    summary = json.loads(done.stdout)
-    assert summary["ok"] is True, (summary, done.stderr[-3000:])
-    assert summary["jit_checkpoint_step"] == summary["resumed_from_step"] == 7
-    assert summary["equal_to_uninterrupted"] is True

@@ -125,7 +125,7 @@ def test_torchrun_sigterm_to_one_worker_stops_both_at_the_same_step(
         ],
         shim_env.env,
     )
-    run.wait_for("rank 1 step 3/", timeout=90)
+    run.wait_for("rank 1 step 5/", timeout=90)  # steps 2 to 4 are counted on both ranks
     ranks = {}
     for pid_file in shim_env.pids.iterdir():
         environ = Path(f"/proc/{pid_file.stem}/environ").read_bytes().split(b"\0")
