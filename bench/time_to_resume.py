@@ -4,11 +4,12 @@ For each size, one job per subject is stopped after step `STOP_AFTER_STEP`
 (SIGTERM; its checkpoint reaches the store) and started again as a new pod
 through the local pod runner, the way bench/goodput.py runs every attempt
 (the resumed pod is stopped a few steps later):
-- jitckpt: the injected pod's sidecar starts, restores the newest valid
-  checkpoint and reports ready; the trainer starts when the kubelet's next
-  startupProbe passes (the period the webhook writes, 1 s, the API's least:
-  half a second on average after the files are in place), and the shim
-  resumes from the restored files.
+- jitckpt: the injected pod's sidecar starts and chooses the newest valid
+  checkpoint; when the shim loads it (a framework save), the sidecar reports
+  ready at once and the trainer starts during the download (the kubelet's
+  next startupProbe, 1 s apart: the API's least). The trainer's interpreter,
+  imports and model construction run while the bytes arrive, and the shim
+  waits for the restore only where the framework reads the checkpoint.
 - peer: the pod's command runs `s5cmd ls` for the newest complete checkpoint,
   `s5cmd cp` of it, then the script with `resume_from_checkpoint` (HF's
   `enable_jit_checkpoint` wrote it at the SIGTERM, the pod's `s5cmd cp`
