@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jitckpt.text import escape
 from local.podrunner.container import Container, ContainerStatus
 from local.podrunner.image import RootSpec
 from local.podrunner.node import Node
@@ -180,7 +181,8 @@ class Pod:
 
     def still_running(self, lines: int = 3) -> list[str]:
         """Each container still running, with the last ``lines`` lines of its log: what a
-        pod that did not end in time was doing, for the error that says so."""
+        pod that did not end in time was doing, for the error that says so (the lines are
+        the containers' own output, escaped: it is printed to the user's terminal)."""
         described = []
         for name, container in list(self._containers.items()):
             if not container.running:
@@ -189,7 +191,7 @@ class Pod:
                 tail = container.log_path.read_bytes()[-4096:].decode("utf-8", "replace")
             except OSError:
                 tail = ""
-            last = " | ".join(tail.strip().splitlines()[-lines:])
+            last = " | ".join(escape(line) for line in tail.strip().splitlines()[-lines:])
             described.append(f"{name} still running ({last or 'no output'})")
         return described
 

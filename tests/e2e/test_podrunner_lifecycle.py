@@ -224,3 +224,17 @@ def test_failed_init_container_stops_the_pod(node: Node) -> None:
     assert result.phase == "Failed"
     assert result.reason == "init container restore exited with 7"
     assert result.exit_code("trainer") is None
+
+
+def test_a_pod_still_running_says_which_container_and_its_last_escaped_lines(
+    node: Node,
+) -> None:
+    script = r"printf 'one\ntwo\nthree \033[2J\n'; sleep 300"
+    done = sh("done", "echo finished")
+    p = Pod(node, pod("stuck", [sh("c", script), done])).start()
+    with pytest.raises(TimeoutError):
+        p.wait(3)
+    described = p.still_running(lines=2)
+    p.kill()
+    p.wait(10)
+    assert described == ["c still running (two | three \\x1b[2J)"], described
