@@ -96,9 +96,10 @@ def run(options: BenchOptions) -> list[Case]:
                     True,
                     [Series(name, values) for name, values in samples.items()],
                     note="time_to_resume: a job stopped after step 2 started again as a new "
-                    "pod through the local pod runner (jitckpt: the trainer starts at the "
-                    "kubelet's 1 s startupProbe period after the sidecar's restore); floor = "
-                    "the peer's s5cmd cp + its script's start to first step",
+                    "pod through the local pod runner (jitckpt: once the sidecar has chosen the "
+                    "checkpoint, the trainer starts at the kubelet's next 1 s startupProbe, "
+                    "during the download, and waits for it where the framework reads it); "
+                    "floor = the peer's s5cmd cp + its script's start to first step",
                 )
             )
     return found
