@@ -25,7 +25,10 @@ import pytest
 
 from local.demo.scenario import DemoOptions, open_scenario, reference_run, run_demo
 
-# One worker for the module: its DDP reference run (a module fixture) is made once.
+# One worker for the module: its DDP reference run is made once.
+# A session fixture, not a module one: the worker may run other modules' tests between
+# this module's, and pytest tears a module fixture down at each switch (it was built
+# twice in a full run).
 pytestmark = pytest.mark.xdist_group("e2e-plainloop")
 
 SCRIPTS = Path(__file__).with_name("scripts")
@@ -54,7 +57,7 @@ class Reference:
     model: Path  # what the script itself saved
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Reference]:
     """The DDP script on 2 ranks, never preempted (shared by every DDP story)."""
     workdir = tmp_path_factory.mktemp("ddp-reference")

@@ -21,7 +21,10 @@ import pytest
 from local.demo.scenario import DemoOptions, open_scenario, reference_run, run_demo
 from tests.e2e.scripts import titan_assets
 
-# One worker for the module: its reference run (a module fixture) is made once.
+# One worker for the module: its reference run is made once.
+# A session fixture, not a module one: the worker may run other modules' tests between
+# this module's, and pytest tears a module fixture down at each switch (it was built
+# twice in a full run).
 pytestmark = pytest.mark.xdist_group("e2e-torchtitan")
 
 ADAPTER = Path(__file__).with_name("scripts") / "titan_train.py"
@@ -63,12 +66,12 @@ CHECKPOINTING = ["--checkpoint.enable", "--checkpoint.interval", str(INTERVAL)]
 CHECKPOINTING += ["--checkpoint.folder", "ckpt"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> titan_assets.Assets:
     return titan_assets.build(tmp_path_factory.mktemp("titan-assets"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(
     assets: titan_assets.Assets, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:

@@ -36,7 +36,10 @@ from tests.webhook.server_support import FIXTURES, REPO
 from webhook.config import WebhookConfig
 from webhook.mutate import NamespaceInfo, mutate
 
-# One worker for the module: checkov scans every pod once (a module fixture).
+# One worker for the module: checkov scans every pod once.
+# A session fixture, not a module one: the worker may run other modules' tests between
+# this module's, and pytest tears a module fixture down at each switch (it was built
+# twice in a full run).
 pytestmark = pytest.mark.xdist_group("webhook-scanner")
 
 CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
@@ -164,7 +167,7 @@ def hardened_cases() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     return cases
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pod_scan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, dict[str, str]]:
     """One scan of every pod before and after; returns findings and case -> file stem."""
     directory = tmp_path_factory.mktemp("pods")
