@@ -25,6 +25,10 @@ from tests.webhook.golden import (
 from webhook.mutate import SKIP_INVALID_SETTING
 from webhook.settings import STATUS_KEY
 
+# One worker for the module, so that every golden case goes through the CLI once (a session
+# fixture: the worker may run other modules' tests between this module's).
+pytestmark = pytest.mark.xdist_group("webhook-cli")
+
 FIXTURES = Path(__file__).parent / "testdata" / "fixtures"
 OFFLINE = [c for c in discover() if c.offline]
 
@@ -36,7 +40,7 @@ def _run_case(case: Case) -> subprocess.CompletedProcess[str]:
     return jitckpt(*args)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def case_runs() -> dict[str, subprocess.CompletedProcess[str]]:
     """Every offline golden case through the CLI, a few at a time."""
     with ThreadPoolExecutor(max_workers=4) as pool:
