@@ -26,9 +26,7 @@ import pytest
 from local.demo.scenario import DemoOptions, open_scenario, reference_run, run_demo
 
 # One worker for the module: its DDP reference run is made once.
-# A session fixture, not a module one: the worker may run other modules' tests between
-# this module's, and pytest tears a module fixture down at each switch (it was built
-# twice in a full run).
+# Its shared fixtures are session ones (tests/conftest.py says why).
 pytestmark = pytest.mark.xdist_group("e2e-plainloop")
 
 SCRIPTS = Path(__file__).with_name("scripts")

@@ -25,8 +25,8 @@ from tests.webhook.golden import (
 from webhook.mutate import SKIP_INVALID_SETTING
 from webhook.settings import STATUS_KEY
 
-# One worker for the module, so that every golden case goes through the CLI once (a session
-# fixture: the worker may run other modules' tests between this module's).
+# One worker for the module: every golden case goes through the CLI once.
+# Its shared fixtures are session ones (tests/conftest.py says why).
 pytestmark = pytest.mark.xdist_group("webhook-cli")
 
 FIXTURES = Path(__file__).parent / "testdata" / "fixtures"

@@ -37,9 +37,7 @@ from webhook.config import WebhookConfig
 from webhook.mutate import NamespaceInfo, mutate
 
 # One worker for the module: checkov scans every pod once.
-# A session fixture, not a module one: the worker may run other modules' tests between
-# this module's, and pytest tears a module fixture down at each switch (it was built
-# twice in a full run).
+# Its shared fixtures are session ones (tests/conftest.py says why).
 pytestmark = pytest.mark.xdist_group("webhook-scanner")
 
 CHECKOV = REPO / ".venv-checkov" / "bin" / "checkov"
