@@ -672,7 +672,7 @@ class Tracker:
         fraction = position.yielded / length if isinstance(length, int) and length > 0 else 0.0
         return position.iteration + min(fraction, 1.0)
 
-    def snapshot(self, trigger: Position) -> List[Dict[str, Any]]:
+    def snapshot(self, trigger: Optional[Position]) -> List[Dict[str, Any]]:
         """Every training loader's place, for the checkpoint.
 
         Only the pass the save point is in, and passes that fed the last step
@@ -763,6 +763,17 @@ class Tracker:
 
 
 TRACKER = Tracker()
+
+
+def is_tracked_iterator(obj: Any) -> bool:
+    """Whether ``obj`` is an iterator over a pass the tracker follows (its place is the
+    tracker's to save and to replay)."""
+    if isinstance(obj, _Done):
+        return True
+    if getattr(obj, "gi_code", None) is Tracker._counting.__code__:
+        return True
+    state = getattr(obj, "__dict__", None)
+    return isinstance(state, dict) and isinstance(state.get(ATTR_POSITION), Position)
 
 
 def replay_first(iterator: Any, batches: int, then: Callable[[], None]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import secrets
 import shutil
 import sys
@@ -57,6 +58,18 @@ BUNDLED_SCRIPT = Path(__file__).with_name("train_tiny.py")
 NAMESPACE = "jitckpt-demo"
 # What the "image" brings: offline HF, one BLAS thread per process on a small machine.
 IMAGE_ENV = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def image_env() -> dict[str, str]:
+    """The image's env for every pod of one demo, both runs: one ``PYTHONHASHSEED`` for all.
+
+    Python randomizes ``str`` hashes per process, so a set's order differs between two
+    processes (PEFT writes a LoRA adapter's ``target_modules`` from a set): two
+    uninterrupted runs would save different files half the time, and the comparison of
+    what the script saved would blame the resume. A new seed for each demo, shared by
+    its pods, keeps that comparison about the resume alone.
+    """
+    return {**IMAGE_ENV, "PYTHONHASHSEED": str(random.SystemRandom().randrange(1, 2**32))}
 
 
 @dataclass
@@ -219,7 +232,7 @@ def open_scenario(options: DemoOptions, account: IO[str]) -> Iterator[Scenario]:
         node = Node(
             root=workdir / "node",
             objects=ObjectStore(secrets=destination.secrets()),
-            image_env=IMAGE_ENV,
+            image_env=image_env(),
             image_roots=image_roots,
             stream=sys.stderr if options.stream_logs else None,
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 # Dead references are dropped when this many were noted since the last sweep.
 SWEEP_EVERY = 4096
@@ -24,6 +24,7 @@ class Created:
     def __init__(self) -> None:
         self._refs: Dict[int, "weakref.ref[Any]"] = {}
         self._since_sweep = 0
+        self.listener: Optional[Callable[[], None]] = None  # told after each new instance
 
     def add(self, obj: Any) -> None:
         key = id(obj)
@@ -37,6 +38,8 @@ class Created:
         if self._since_sweep >= SWEEP_EVERY:
             self._since_sweep = 0
             self._refs = {k: r for k, r in self._refs.items() if r() is not None}
+        if self.listener is not None:
+            self.listener()
 
     def alive(self) -> List[Any]:
         """The instances still alive, in the order they were created."""

@@ -38,6 +38,7 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 from ... import claim, dataloaders, dist, finalsaves, pids, rngstate, watcher
 from ...checkpoints import newest_checkpoint
 from ...config import ShimConfig
+from ...dataloaders import NO_BATCH
 from ...exitstatus import STATUS
 from ...layout import NO_JIT
 from ...log import failed, say, say_once
@@ -45,10 +46,25 @@ from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
 from ..fabric import strategies as fabric
-from . import extrastate, nodelocal, reshard, shardedsaves, shardedstate
+from . import (
+    books,
+    bookvalues,
+    extrastate,
+    headwatch,
+    iterslots,
+    loopframe,
+    nodelocal,
+    reshard,
+    shardedsaves,
+    shardedstate,
+)
 from . import state as loopstate
 
 FRAMEWORK = "torch"
+# Where a checkpoint's books were taken: at a batch request, or at the head of a loop with no
+# DataLoader (``headwatch``), where the resume must catch the loop too.
+BATCH, HEAD = "batch", "head"
+Place = Optional[Tuple[Any, int]]  # a loop's frame and the offset its books are taken at
 WAITING, FOLLOWING, OFF = "waiting", "following", "off"
 # Modules whose code on the stack at an optimizer step means a framework's trainer drives
 # the loop. Lightning Fabric (``lightning.fabric``, ``lightning_fabric``) is not one: its
@@ -106,6 +122,8 @@ class PlainLoop:
         self.periodic_pending = False
         self.extra: Optional[extrastate.Watch] = None  # the state beyond the training modules
         self._put_back: list = []  # other modules and objects loaded at the resume point
+        # A loop with no DataLoader (its place is its own): its code and its head's offset.
+        self.counted: Optional[Dict[str, Any]] = None
         # Demo only: the modules whose final weights it asked for, kept alive until exit.
         self._final_modules: list = []
 
@@ -123,6 +141,7 @@ class PlainLoop:
         dataloaders.TRACKER.listener = _Listener(self)
         register_optimizer_step_post_hook(self._on_step)
         self._forward = register_module_forward_pre_hook(self._on_forward)
+        loopstate.OPTIMIZERS.listener = self._on_optimizer
 
     def _remove_forward_hook(self) -> None:
         if self._forward is not None:
@@ -146,6 +165,19 @@ class PlainLoop:
         except Exception as exc:
             failed("resuming the plain loop before its first forward pass", exc)
             self._remove_forward_hook()
+
+    def _on_optimizer(self) -> None:
+        """An optimizer was built: the loop has not begun, so a loop with no DataLoader can
+        still be caught at its head's first arrival (``headwatch``). Not in a framework's
+        process: its integration prepares its own resume."""
+        if self.prepared or self.state == OFF or os.getpid() != self.pid:
+            return
+        if _framework_imported() or claim.owner() is not None:
+            return
+        try:
+            self._prepare()
+        except Exception as exc:
+            self.went_wrong("resuming the plain loop", exc)
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.state == OFF or os.getpid() != self.pid or shardedstate.Busy.active:
@@ -184,6 +216,9 @@ class PlainLoop:
         self.resume = Resume(step, saved)
         self.run.process.link.final_progress(step, 0, 0.0, resumed=step)
         dataloaders.TRACKER.assign(saved["loaders"])
+        record = saved.get("books")
+        if record is not None and record.get("mode") == HEAD:
+            self._arm_resume(record)
         if self.resume is not None:
             say("resuming the training loop from %s" % directory)
 
@@ -372,28 +407,123 @@ class PlainLoop:
         if sharded:
             self._apply_sharded(objects, keep=False)
         rngstate.restore(resume.saved["rng"])
-        resume.early = resume.done = True
-        self.base_step = resume.step
-        counts = [len(resume.saved[key]) for key in ("others", "objects", "registered")]
-        resume.saved = {}
-        self._remove_forward_hook()
+        record = resume.saved.get("books")
+        if record is not None:
+            frame = loopframe.find(sys._getframe())
+            problem = "no loop of the program's asks for it" if frame is None else None
+            problem = problem or books.put_back(frame, record)
+            if problem is not None:
+                self._fatal("the loop's own variables cannot be put back (%s)" % problem)
         where = position.track.current or position
         batch = "batch %d" % where.yielded
         if where.offset:
             batch = "%d sample(s) and %s" % (where.offset, batch)
-        say(
-            "resumed at step %d: DataLoader #%d, pass %d, after %s (and %d other "
-            "module(s), %d object(s) of the program's, %d registered object(s))"
-            % (
-                resume.step,
-                where.track.index,
-                where.iteration,
-                batch,
-                counts[0],
-                counts[1],
-                counts[2],
-            )
+        self._resumed(
+            resume,
+            "DataLoader #%d, pass %d, after %s" % (where.track.index, where.iteration, batch),
         )
+
+    def _resumed(self, resume: Resume, where: str) -> None:
+        """Everything is back: the loop goes on from the checkpoint's step."""
+        resume.early = resume.done = True
+        self.base_step = resume.step
+        counts = [len(resume.saved[key]) for key in ("others", "objects", "registered")]
+        record = resume.saved.get("books")
+        resume.saved = {}
+        self._remove_forward_hook()
+        variables = ""
+        if record is not None:
+            variables = "; the loop's own variables put back: %d, and %d object(s)' attributes" % (
+                len(record["variables"]),
+                len(record["attributes"]),
+            )
+        say(
+            "resumed at step %d: %s (and %d other module(s), %d object(s) of the program's, "
+            "%d registered object(s))%s"
+            % (resume.step, where, counts[0], counts[1], counts[2], variables)
+        )
+
+    # -- a loop with no DataLoader: saved and resumed at its head ------------------------
+    def _arm_resume(self, record: Dict[str, Any]) -> None:
+        """Watch for the head's first arrival of the loop the checkpoint was written in."""
+        head = int(record["offset"])
+        frame = loopframe.find_code(sys._getframe(), record["code"])
+        if frame is not None and frame.f_lasti > head:
+            self.cannot_resume(
+                "its loop in %s began before the shim could watch it"
+                % loopframe.where(record["code"])
+            )
+            return
+        if frame is None:
+            problem = headwatch.arm_on_call(record["code"], head, self._resume_at_head)
+        else:
+            problem = headwatch.arm(frame, head, self._resume_at_head)
+        if problem is not None:
+            self.cannot_resume("its loop's head cannot be watched: %s" % problem)
+
+    def _resume_at_head(self, frame: Any) -> None:
+        """The loop's head, reached the first time: put everything back, as at a batch request."""
+        resume = self.resume
+        if resume is None or resume.done:
+            return
+        try:
+            objects = loopstate.Objects()
+            reason = loopstate.mismatch(resume.saved, objects, complete=True)
+            if reason is not None:
+                self.cannot_resume(reason)
+                return
+            record = resume.saved["books"]
+            self._put_back = loopstate.apply(resume.saved, objects, complete=True)
+            rngstate.restore(resume.saved["rng"])
+            problem = books.put_back(frame, record, offset=int(record["offset"]))
+            if problem is not None:
+                self._fatal("the loop's own variables cannot be put back (%s)" % problem)
+            self._resumed(resume, "the head of its loop in %s" % loopframe.where(record["code"]))
+        except Exception as exc:
+            self.went_wrong("resuming the loop at its head", exc)
+
+    def _counted_loop(self) -> Optional[str]:
+        """A step without a batch from a DataLoader: the loop's place is its own (nanoGPT's
+        ``get_batch()``), saved at its head. Why it cannot be followed (None: it can)."""
+        if self.counted is not None:
+            return None
+        if not iterslots.supported():
+            return "%s; loops with no DataLoader are followed on CPython 3.11 to 3.13" % NO_BATCH
+        frame = loopframe.find(sys._getframe())
+        if frame is None:
+            return "%s, and no loop of the program's was found around it" % NO_BATCH
+        if self.sharded:
+            return "a sharded model (FSDP2) trained by a loop with no DataLoader"
+        loop = loopframe.code_of(frame.f_code).innermost(frame.f_lasti)
+        assert loop is not None
+        problem = books.unfollowable(books.places(frame, loop.head)) or headwatch.busy()
+        if problem is not None:
+            return problem
+        self.counted = {"code": loopframe.identity(frame.f_code), "head": loop.head}
+        say_once(
+            "plainloop-counted",
+            "this loop takes no batch from a DataLoader: its place is its own variables, "
+            "iterators and random generators, saved and put back at the head of its loop in %s"
+            % loopframe.where(self.counted["code"]),
+        )
+        return None
+
+    def _arm_save(self) -> None:
+        """The stop is agreed: save when the loop next reaches its head."""
+        counted = self.counted
+        assert counted is not None
+        frame = loopframe.find(sys._getframe())
+        problem = None
+        if frame is None or not loopframe.same_code(frame.f_code, counted["code"]):
+            problem = "its loop's frame is not where it was"
+        else:
+            problem = headwatch.arm(frame, counted["head"], self._save_at_head)
+        if problem is not None:
+            self._off(problem)
+
+    def _save_at_head(self, frame: Any) -> None:
+        assert self.counted is not None
+        self._save(None, (frame, self.counted["head"]))
 
     # -- the step boundary ---------------------------------------------------------
     def _step(self, optimizer: Any) -> None:
@@ -417,6 +547,8 @@ class PlainLoop:
         stop = self.run.at_step_end(self.step, 0, self.epoch, leave=problem is not None)
         if self.run.left:
             self._off(problem or "another rank cannot follow it")
+        elif stop and self.counted is not None:
+            self._arm_save()
         elif stop:
             self.stop_pending = True
         elif self.periodic is not None:
@@ -502,7 +634,12 @@ class PlainLoop:
             self.others[key] = 0
         if uneven:
             return "two optimizers step at different rates"
-        return dataloaders.TRACKER.step_taken()
+        problem = dataloaders.TRACKER.step_taken()
+        if problem == NO_BATCH:
+            return self._counted_loop()
+        if problem is None and self.counted is not None and dataloaders.TRACKER.in_last_step:
+            return "a DataLoader fed a step of a loop that began without one"
+        return problem
 
     # -- the save point ------------------------------------------------------------
     def before_batch(self, position: dataloaders.Position, iterator: Any) -> None:
@@ -513,7 +650,9 @@ class PlainLoop:
         elif self.periodic_pending and position.counts and self.state == FOLLOWING:
             self._save_periodic(position)
 
-    def _save(self, position: dataloaders.Position) -> None:
+    def _save(self, position: Optional[dataloaders.Position], place: Place = None) -> None:
+        """The JIT checkpoint at the save point: a batch request (``position``), or the
+        head of a loop with no DataLoader (``place``: its frame and the head's offset)."""
         with self._lock:
             if self._gave_up:
                 return
@@ -524,14 +663,17 @@ class PlainLoop:
             if problem is not None:
                 self._off(problem)
                 return
-            self._write_and_exit(position, objects)
+            self._write_and_exit(objects, place)
         except Exception as exc:
             failed("the JIT checkpoint of the training loop", exc)
             self._off("its JIT checkpoint failed")
 
-    def _to_save(self, position: dataloaders.Position) -> Tuple[loopstate.Objects, Optional[str]]:
+    def _to_save(
+        self, position: Optional[dataloaders.Position]
+    ) -> Tuple[loopstate.Objects, Optional[str]]:
         """The objects to save, and why some rank cannot save them (collective)."""
-        problem = _read_ahead(position.owner() if position.owner is not None else None)
+        owner = position.owner if position is not None else None
+        problem = _read_ahead(owner() if owner is not None else None)
         objects = loopstate.Objects()
         objects.loaders = dataloaders.TRACKER.snapshot(position)
         problem = problem or self._unsaved_state(objects)
@@ -550,7 +692,7 @@ class PlainLoop:
             return "the shim's own error while looking at its state"
 
     def _write_rank_file(
-        self, directory: str, position: dataloaders.Position, objects: loopstate.Objects
+        self, directory: str, objects: loopstate.Objects, place: Place = None
     ) -> None:
         watcher.stop()  # it must not stage our directories as the program's own
         ranks = dist.ranks()
@@ -559,7 +701,35 @@ class PlainLoop:
         )
         payload["rng"] = rngstate.capture()
         payload["loaders"] = objects.loaders
+        payload["books"] = self._books(objects, place)
         loopstate.write(directory, ranks["rank"], payload)
+
+    def _books(self, objects: loopstate.Objects, place: Place) -> Optional[Dict[str, Any]]:
+        """The loop's own variables, at ``place`` or else at the batch request on the stack."""
+        frame, offset = place if place is not None else (loopframe.find(sys._getframe()), None)
+        if frame is None:
+            say_once(
+                "plainloop-books-none",
+                "no frame of the program's own files runs this training loop: the loop's "
+                "own variables are not saved with its checkpoints",
+            )
+            return None
+        guarded = bookvalues.guarded_pointers(objects.all_modules, objects.optimizers)
+        record, skipped = books.capture(frame, guarded, offset)
+        record["mode"] = HEAD if place is not None else BATCH
+        attributes = sum(len(found) for found in record["attributes"].values())
+        say_once(
+            "plainloop-books",
+            "the loop's own variables are saved with its checkpoints and put back on resume: "
+            "%d variable(s) and %d attribute(s) of %s%s"
+            % (
+                len(record["variables"]),
+                attributes,
+                loopframe.where(record["code"]),
+                "; not saved: %s" % books.named(skipped) if skipped else "",
+            ),
+        )
+        return record
 
     def _commit(
         self,
@@ -587,13 +757,13 @@ class PlainLoop:
     def _commit_periodic(self, directory: str, step: int, dcp_own: FrozenSet[str]) -> None:
         self._commit(directory, step, KIND_PERIODIC, dcp_own, written=True)
 
-    def _write_and_exit(self, position: dataloaders.Position, objects: loopstate.Objects) -> None:
+    def _write_and_exit(self, objects: loopstate.Objects, place: Place) -> None:
         assert self.run is not None
         if self.periodic is not None:  # the one in flight is completed first
             self.periodic.settle(self._commit_periodic, block=True)
         step = self.step
         directory = self.run.checkpoint_path(step)
-        self._write_rank_file(directory, position, objects)
+        self._write_rank_file(directory, objects, place)
         dcp_own = None
         if self.sharded:
             dcp_own = shardedstate.save(directory, objects.modules[0], objects.optimizers)
@@ -615,7 +785,7 @@ class PlainLoop:
                 return
             self.periodic.settle(self._commit_periodic, block=True)  # one in flight at most
             directory = self.run.checkpoint_path(self.step)
-            self._write_rank_file(directory, position, objects)
+            self._write_rank_file(directory, objects)
             self.periodic.begin(directory, self.step, objects.modules[0], objects.optimizers)
         except Exception as exc:
             failed("the periodic checkpoint of the training loop", exc)
@@ -750,6 +920,11 @@ def _framework_on_stack() -> Optional[str]:
             return name
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def _framework_imported() -> bool:
+    """Whether a framework's trainer is imported (its integration prepares the resume)."""
+    return any(name.rstrip(".") in sys.modules for name in FRAMEWORK_MODULES)
 
 
 def _read_ahead(owner: Any) -> Optional[str]:

@@ -1,0 +1,239 @@
+"""The loop's own books: the frame running the loop, saved with the checkpoint and put back.
+
+A hand-written loop believes in variables of its own: a step counter that
+names its checkpoints and decides when to stop, a running loss, the best
+loss and a patience count, a list of logged values, the batch it prefetched.
+So does a loop written as a method, in its object's attributes
+(``self.global_step``). At a checkpoint the shim saves, of the loop's frame
+(``loopframe``):
+
+- every variable whose value is plain data (``bookvalues``): a function's
+  locals, or a script's module globals when the loop runs at module level;
+- the plain-data attributes of the program's own objects the frame holds
+  (and of ``argparse.Namespace`` / ``SimpleNamespace``), one level deep;
+- where each ``for`` loop around the save point stands (``iterslots``):
+  ``for step in range(N)`` resumes at that step, not at 0.
+
+What the shim saves by other means (modules, optimizers, schedulers,
+scalers, loaders and their iterators, objects with ``state_dict``), and
+code (modules, classes, functions), is left out without a word; whatever
+else cannot be saved is named once, with its reason, and never stops the
+checkpoint. On resume, at the same place in the same code, the variables are
+written back into the frame (write-through ``f_locals`` from Python 3.13,
+``PyFrame_LocalsToFast`` before it, as debuggers do), so the next statement
+sees what the uninterrupted run saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import inspect
+import sys
+import types
+from typing import Any, Dict, List, Optional, Tuple
+
+from ... import dataloaders
+from . import iterslots, loopframe, programstate
+from .bookvalues import Encoder, Unsaveable, decode, describe, restore
+
+Skipped = List[Tuple[str, str]]
+_CODE_TYPES = (
+    types.ModuleType,
+    type,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.BuiltinMethodType,
+)
+_NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
+
+
+def _torch_kinds() -> Tuple[type, ...]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    from torch.utils.data import DataLoader, Dataset, Sampler
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return (
+        torch.nn.Module,
+        torch.optim.Optimizer,
+        torch.optim.lr_scheduler.LRScheduler,
+        torch.amp.GradScaler,
+        DataLoader,
+        _BaseDataLoaderIter,
+        Dataset,
+        Sampler,
+    )
+
+
+class _Kinds:
+    """How the shim treats one value of the frame."""
+
+    def __init__(self) -> None:
+        self.torch = _torch_kinds()
+
+    def left_out(self, value: Any) -> bool:
+        """Code, or what the shim saves by other means: never named."""
+        if isinstance(value, _CODE_TYPES):
+            return True
+        if isinstance(value, types.FunctionType):
+            return value.__name__ != "<lambda>"
+        if self.torch and isinstance(value, self.torch):
+            return True
+        if dataloaders.is_tracked_iterator(value):
+            return True
+        return programstate.has_state(type(value)) and not isinstance(value, type)
+
+    def holds_books(self, value: Any) -> bool:
+        """An object whose plain-data attributes are the loop's books too."""
+        if isinstance(value, _NAMESPACES):
+            return True
+        kind = type(value)
+        return (
+            isinstance(getattr(value, "__dict__", None), dict)
+            and not isinstance(value, type)
+            and programstate.is_program_class(kind)
+            and not self.left_out(value)
+        )
+
+
+def _scope(frame: Any) -> Any:
+    """The frame's variables: its locals (a script's module globals at module level)."""
+    return frame.f_locals
+
+
+def _public(name: Any) -> bool:
+    return isinstance(name, str) and not (name.startswith("__") and name.endswith("__"))
+
+
+def capture(
+    frame: Any, guarded: Any, offset: Optional[int] = None
+) -> Tuple[Dict[str, Any], Skipped]:
+    """What the checkpoint holds of ``frame`` at ``offset`` (its current instruction by
+    default), and what it could not save, each with its reason."""
+    code = frame.f_code
+    offset = frame.f_lasti if offset is None else offset
+    encoder = Encoder(guarded)
+    kinds = _Kinds()
+    variables: Dict[str, Any] = {}
+    attributes: Dict[str, Dict[str, Any]] = {}
+    skipped: Skipped = []
+    seen: set = set()
+    for name, value in list(_scope(frame).items()):
+        if not _public(name):
+            continue
+        if kinds.holds_books(value):
+            if id(value) not in seen:
+                seen.add(id(value))
+                attributes[name] = _attributes(value, name, encoder, kinds, skipped)
+            continue
+        if kinds.left_out(value):
+            continue
+        try:
+            variables[name] = encoder.encode(value)
+        except Unsaveable as exc:
+            skipped.append((name, str(exc)))
+    record = {
+        "code": loopframe.identity(code),
+        "offset": offset,
+        "iterators": places(frame, offset),
+        "variables": variables,
+        "attributes": attributes,
+    }
+    return record, skipped
+
+
+def _attributes(
+    obj: Any, name: str, encoder: Encoder, kinds: _Kinds, skipped: Skipped
+) -> Dict[str, Any]:
+    found: Dict[str, Any] = {}
+    for attribute, value in list(vars(obj).items()):
+        if not _public(attribute) or kinds.left_out(value) or kinds.holds_books(value):
+            continue
+        try:
+            found[attribute] = encoder.encode(value)
+        except Unsaveable as exc:
+            skipped.append(("%s.%s" % (name, attribute), str(exc)))
+    return found
+
+
+def places(frame: Any, offset: int) -> List[Dict[str, Any]]:
+    """Each ``for`` loop around ``offset``, outermost first: its head and its iterator's place."""
+    info = loopframe.code_of(frame.f_code)
+    found = []
+    for loop in info.around(offset):
+        if not loop.iterates:
+            continue
+        slot = info.iterator_slot(loop)
+        obj = iterslots.iterator(frame, slot) if slot is not None else None
+        place = iterslots.position(obj) if obj is not None else {"kind": "unknown", "type": "?"}
+        found.append({"head": loop.head, "position": place})
+    return found
+
+
+def unfollowable(iterators: List[Dict[str, Any]]) -> Optional[str]:
+    """Why the loops of ``places`` cannot be put back where they were (None: they can): an
+    iterator whose place is not known, for a loop whose place is its own."""
+    for entry in iterators:
+        found = iterslots.unknown(entry["position"])
+        if found:
+            return "the loop iterates a %s, whose place cannot be saved" % found
+    return None
+
+
+def put_back(frame: Any, record: Dict[str, Any], offset: Optional[int] = None) -> Optional[str]:
+    """Write ``record`` back into ``frame`` at ``offset``; why it cannot be (None: done)."""
+    if not loopframe.same_code(frame.f_code, record["code"]):
+        return "the loop runs in %s, the checkpoint's in %s" % (
+            loopframe.where(loopframe.identity(frame.f_code)),
+            loopframe.where(record["code"]),
+        )
+    offset = frame.f_lasti if offset is None else offset
+    problem = _put_iterators(frame, offset, record["iterators"])
+    if problem is not None:
+        return problem
+    scope = _scope(frame)
+    for name, encoded in record["variables"].items():
+        scope[name] = restore(scope.get(name), decode(encoded))
+    for name, saved in record["attributes"].items():
+        obj = scope.get(name)
+        if obj is None or not isinstance(getattr(obj, "__dict__", None), dict):
+            return "%s is %s now, the checkpoint's held books" % (name, describe(obj))
+        for attribute, encoded in saved.items():
+            setattr(obj, attribute, restore(getattr(obj, attribute, None), decode(encoded)))
+    _write_through(frame)
+    return None
+
+
+def _put_iterators(frame: Any, offset: int, saved: List[Dict[str, Any]]) -> Optional[str]:
+    info = loopframe.code_of(frame.f_code)
+    loops = [loop for loop in info.around(offset) if loop.iterates]
+    if [loop.head for loop in loops] != [entry["head"] for entry in saved]:
+        return "the loop asks at another place in its code than where the checkpoint was written"
+    for loop, entry in zip(loops, saved):
+        slot = info.iterator_slot(loop)
+        obj = iterslots.iterator(frame, slot) if slot is not None else None
+        if obj is None:
+            if entry["position"]["kind"] in ("index", "enumerate", "zip"):
+                return "the iterator of the loop at offset %d cannot be read" % loop.head
+            continue
+        problem = iterslots.put(obj, entry["position"])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _write_through(frame: Any) -> None:
+    """Make the frame run on with its ``f_locals`` as written (module globals need nothing)."""
+    if sys.version_info >= (3, 13) or not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return
+    ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+
+
+def named(skipped: Skipped, limit: int = 20) -> str:
+    """``a (why), b (why)``, at most ``limit`` of them."""
+    shown = ["%s (%s)" % (name, why) for name, why in skipped[:limit]]
+    if len(skipped) > limit:
+        shown.append("and %d more" % (len(skipped) - limit))
+    return ", ".join(shown)
