@@ -14,7 +14,7 @@ SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
 # in the dev extra (triton, tyro, torchdata, spmd_types, einops, tensorboard).
 TORCHTITAN := torchtitan==0.3.0
 
-.PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench images images-deps images-check clean
+.PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench docs images images-deps images-check clean
 
 setup: $(STAMP) $(SCANNER)
 
@@ -68,7 +68,7 @@ test:
 # and no pod (the webhook, the sidecar in-process, the shim's units and protocol).
 QUICK_TESTS = tests/webhook tests/sidecar tests/shim/test_units.py tests/shim/test_layout.py \
 	tests/shim/test_protocol_recorded.py tests/shim/test_reshard.py tests/shim/test_datareplay.py \
-	tests/shim/test_hidden_state.py
+	tests/shim/test_hidden_state.py tests/docs
 test-quick:
 	$(MAKE) -j2 --output-sync=target lint typecheck
 	$(BIN)/pytest $(PARALLEL) -m 'not slow and not serial' $(QUICK_TESTS) $(PYTEST_ARGS)
@@ -82,6 +82,13 @@ golden: setup
 demo: setup
 	$(BIN)/jitckpt demo
 
+# The docs site (mkdocs.yml, docs/) into site/. Its reference pages and compatibility matrix
+# are generated from the code at every build (tools/docsgen); --strict fails on any warning,
+# a broken link or a name the code defines that no page explains. `make test` builds it too
+# (tests/docs). `python -m`: the hook imports tools/ from the repository root.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 bench: setup
 	$(BIN)/python -m bench.run_all
 
@@ -93,7 +100,7 @@ bench: setup
 # as images-check does (a Python base from Debian's packages), then pushes.
 # Then it records the digests the registry gave them: deploy/base (PIN_DIR) pins both
 # images by digest (kustomization.yaml's images: entry, configmap.yaml's sidecar_image).
-# README.md, "Images", says more.
+# docs/platform/install.md, "Images", says more.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman || command -v buildah)
 IMAGE_PREFIX = $(patsubst %/,%,$(REGISTRY))/jitckpt
