@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from . import protocol
+from . import protocol, starttime
 from .channel import Client
 from .log import say_once
 
@@ -28,7 +28,7 @@ def take(socket_path: str) -> None:
         return
     client = Client(socket_path, timeout=2.0)
     try:
-        client.send(protocol.Lease(pid=os.getpid()))
+        client.send(protocol.Lease(pid=os.getpid(), started=starttime.started()))
     except OSError as exc:
         say_once("lease", "could not open a lease with the sidecar: %s" % exc)
         return

@@ -40,6 +40,7 @@ MAX_NAME = 255  # a framework's or a staged checkpoint's name
 MAX_ERROR = 1024  # the text of an error answer
 
 MAX_PID = (1 << 31) - 1
+MAX_TICKS = (1 << 63) - 1  # a process start time, in clock ticks after boot
 MAX_RANK = 1 << 24  # ranks and world sizes far beyond any cluster
 MAX_STEP = (1 << 53) - 1  # exactly representable by any JSON reader
 MAX_EXIT_CODE = 255
@@ -269,7 +270,12 @@ def _wire(op: str, fields: Dict[str, Any]) -> Dict[str, Any]:
 
 @dataclass(frozen=True)
 class Hello:
-    """A training process introduces itself; answered with the checkpoint restored."""
+    """A training process introduces itself; answered with the checkpoint restored.
+
+    ``started``: the process's start time (``shim/starttime.py``), which with
+    ``pid`` names one process even where pids are reused (a trainer container
+    restarted in the pod); optional, an older shim leaves it out.
+    """
 
     OP: ClassVar[str] = "hello"
     pid: int
@@ -279,20 +285,21 @@ class Hello:
     node_rank: int
     nnodes: int
     framework: str
+    started: Optional[int] = None
 
     def to_wire(self) -> Dict[str, Any]:
-        return _wire(
-            self.OP,
-            {
-                "pid": self.pid,
-                "rank": self.rank,
-                "local_rank": self.local_rank,
-                "world_size": self.world_size,
-                "node_rank": self.node_rank,
-                "nnodes": self.nnodes,
-                "framework": self.framework,
-            },
-        )
+        fields: Dict[str, Any] = {
+            "pid": self.pid,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "node_rank": self.node_rank,
+            "nnodes": self.nnodes,
+            "framework": self.framework,
+        }
+        if self.started is not None:
+            fields["started"] = self.started
+        return _wire(self.OP, fields)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Hello:
@@ -304,6 +311,7 @@ class Hello:
             node_rank=_int(body, "node_rank", 0, MAX_NNODES - 1),
             nnodes=_int(body, "nnodes", 1, MAX_NNODES),
             framework=_text(body, "framework", MAX_NAME),
+            started=_optional_int(body, "started", 0, MAX_TICKS),
         )
 
 
@@ -465,18 +473,25 @@ class Lease:
 
     The kernel closes the connection even on SIGKILL, so the sidecar sees the
     process end without sharing its PID namespace. Nothing else may follow
-    on that connection.
+    on that connection. ``started``: as ``Hello``'s.
     """
 
     OP: ClassVar[str] = "lease"
     pid: int
+    started: Optional[int] = None
 
     def to_wire(self) -> Dict[str, Any]:
-        return _wire(self.OP, {"pid": self.pid})
+        fields: Dict[str, Any] = {"pid": self.pid}
+        if self.started is not None:
+            fields["started"] = self.started
+        return _wire(self.OP, fields)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Lease:
-        return cls(pid=_int(body, "pid", 1, MAX_PID))
+        return cls(
+            pid=_int(body, "pid", 1, MAX_PID),
+            started=_optional_int(body, "started", 0, MAX_TICKS),
+        )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Dict, Optional
 
-from . import dist, protocol
+from . import dist, protocol, starttime
 from .channel import SidecarLink
 from .config import ShimConfig
 from .log import say
@@ -58,7 +58,9 @@ class ProcessSession:
             return
         self._hello_done = True
         answer = self.link.hello(
-            protocol.Hello(pid=os.getpid(), framework=framework, **dist.ranks())
+            protocol.Hello(
+                pid=os.getpid(), framework=framework, started=starttime.started(), **dist.ranks()
+            )
         )
         if answer is not None:
             self._heard(answer)

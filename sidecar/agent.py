@@ -15,7 +15,11 @@ restore. Nothing may be staged while a restore is pending (it would upload
 over the checkpoint being fetched). A trainer restarted in the same pod after
 this pod staged a checkpoint starts a new restore at its ``hello``: the newest
 valid checkpoint, used as it is when the copy on the local volume matches its
-manifests (nothing downloaded).
+manifests (nothing downloaded). That restart is a new process after every
+process of the old trainer is gone, never a process that reconnected
+(``trainers``); and a JIT checkpoint handed over during such a restore, which
+the sidecar started on its own, is taken and the restore abandoned
+(``_yield_to_jit``).
 On SIGTERM the agent keeps uploading until nothing is left or the grace
 deadline (SIGTERM + grace - margin) nears, then writes the termination
 message and exits: 0 when everything staged was committed, 1 otherwise.
@@ -59,6 +63,7 @@ from sidecar.state import AgentState, ClientInfo, Committed, now_iso
 from sidecar.status import StatusServer
 from sidecar.storage.base import Store, StoreError
 from sidecar.storage.factory import open_store
+from sidecar.trainers import Process, Trainer
 from sidecar.uri import parse_job_root
 
 Phase = Literal["all", "restore", "run"]
@@ -143,6 +148,7 @@ class Agent:
         self._store: Store | None = None
         self._grace_warned: float | None = None
         self.presence = Presence(config.pids_dir, config.trainer_start_timeout)
+        self.trainer = Trainer(MAX_CLIENTS)
         self.server: ProtocolServer | None = None
         self.state_dir = shim_target.parent / STATE_SUBDIR if shim_target is not None else None
         self.staged_jobs = staging.StagingArea(config.local_dir, self.state_dir)
@@ -153,6 +159,9 @@ class Agent:
         # The restore the trainer may already wait on (None: none pending), when it must end
         # (monotonic), and the event its waiters wait on.
         self._restoring: asyncio.Task[RestoreResult] | None = None
+        # That restore is one the sidecar started on its own, for a trainer restarted in the
+        # pod (not the pod's start): a JIT checkpoint handed over meanwhile wins over it.
+        self._restoring_on_own = False
         self._restore_deadline = 0.0
         self._restore_ended = asyncio.Event()
         # The checkpoint being fetched is one the shim loads: the trainer may start now.
@@ -280,10 +289,14 @@ class Agent:
         finally:
             started.cancel()
 
-    def _pending(self, store: Store, download: asyncio.Task[RestoreResult]) -> None:
+    def _pending(
+        self, store: Store, download: asyncio.Task[RestoreResult], on_own: bool = False
+    ) -> None:
         """Serve while ``download`` runs; it ends within ``restore_timeout``, and whatever it
-        restored (or nothing) is then what every ``hello`` and ``await_restore`` hears."""
+        restored (or nothing) is then what every ``hello`` and ``await_restore`` hears.
+        ``on_own``: started for a trainer restarted in the pod (``_yield_to_jit``)."""
         self._restoring = download
+        self._restoring_on_own = on_own
         self._restore_deadline = time.monotonic() + self.config.restore_timeout
         self._restore_ended = asyncio.Event()
         self._spawn(self._finish_restore(store, download))
@@ -292,6 +305,10 @@ class Agent:
         limit = self.config.restore_timeout
         try:
             restored = await asyncio.wait_for(download, limit)
+        except asyncio.CancelledError:
+            if self._restoring is download:
+                raise  # the agent is stopping
+            return  # abandoned to a JIT checkpoint, which said so (``_yield_to_jit``)
         except TimeoutError:
             text = f"the restore took longer than jitckpt's limit of {limit:g} s"
             log.error("%s: the trainer starts without a checkpoint", text)
@@ -304,6 +321,8 @@ class Agent:
             self._fatal = (EXIT_RESTORE_FAILED, f"restore from {store.uri} failed: {exc}")
             self._stop.set()
             return
+        if self._restoring is not download:
+            return  # it ended as a JIT checkpoint was taken instead: that one is newer
         self._record_restored(store, restored)
         if restored.step is not None:
             self.uploader.restored(restored.step)
@@ -587,22 +606,20 @@ class Agent:
             framework=request.framework,
         )
         self.presence.connected = True
-        if self._restarted_here(peer) and self._store is not None:
-            log.info("a trainer restarted in this pod after a checkpoint was staged: restoring")
-            self._pending(self._store, asyncio.create_task(self._restore_again(self._store)))
+        holding = self.server.live_processes() if self.server is not None else set()
+        restarted = self.trainer.hello(Process(request.pid, request.started), holding)
+        # A new trainer after this pod staged a checkpoint resumes from the newest valid
+        # one, this pod's own copy when it matches (DESIGN 7).
+        if restarted and self._staged_since_restore and self._restoring is None:
+            store = self._store
+            assert store is not None  # the socket is served with the store open
+            log.info(
+                "a new trainer process (pid %d) started in this pod after a checkpoint was "
+                "staged, every earlier one gone: restoring",
+                request.pid,
+            )
+            self._pending(store, asyncio.create_task(self._restore_again(store)), on_own=True)
         return await self._restore_answer()
-
-    def _restarted_here(self, peer: Peer) -> bool:
-        """Whether this ``hello`` starts a trainer again in this pod after it staged a
-        checkpoint (no other process that said hello is still here): it then resumes from
-        the newest valid checkpoint, this pod's own copy when it matches (DESIGN 7)."""
-        if self._restoring is not None or not self._staged_since_restore:
-            return False
-        live = self.server.live_pids() if self.server is not None else set()
-        return not any(
-            key != peer.number and not client.said_bye and client.pid in live
-            for key, client in self.state.clients.items()
-        )
 
     async def await_restore(self, peer: Peer, request: protocol.AwaitRestore) -> protocol.Answer:
         """The trainer reached the framework's load point: answered once the pending restore
@@ -631,15 +648,46 @@ class Agent:
             restored=protocol.Restored(step=restored.step, path=restored.path)
         )
 
-    def _refused_while_restoring(self) -> protocol.ErrorAnswer | None:
+    async def _refused_while_restoring(self, kind: str) -> protocol.ErrorAnswer | None:
         """Nothing is staged while a restore is pending: it could upload over the
-        checkpoint being fetched, and no trainer has resumed yet to have saved anything."""
+        checkpoint being fetched, and no trainer has resumed yet to have saved anything.
+        A JIT checkpoint during a restore the sidecar started on its own is the exception
+        (``_yield_to_jit``)."""
         if self._restoring is None:
+            return None
+        if kind == protocol.KIND_JIT and self._restoring_on_own:
+            await self._yield_to_jit()
             return None
         return protocol.ErrorAnswer.of("a restore is in progress: nothing is staged until it ends")
 
+    async def _yield_to_jit(self) -> None:
+        """Abandon the restore the sidecar started on its own, for a JIT checkpoint.
+
+        That restore rests on an inference (a new trainer started: ``trainers``); a JIT
+        checkpoint is the state of a trainer that is here and stopping, newer than any
+        checkpoint the restore could fetch, and it cannot be saved again once the trainer
+        has exited. Taking it while the restore runs on is not safe: the restore would
+        then record an older checkpoint as the pod's newest and reset what was staged
+        since. Abandoning the restore is: nothing of it is visible before it ends (the
+        download goes into a private directory, renamed into place only once complete
+        and verified, and removed when cancelled), so the pod is as it was before the
+        restore began; a process waiting on it hears the checkpoint restored before, and
+        the next new trainer restores again (a checkpoint was staged). The download is
+        awaited, so its partial files are gone before the checkpoint's are taken."""
+        download = self._restoring
+        assert download is not None
+        log.warning(
+            "a JIT checkpoint was handed over during the restore this sidecar started for "
+            "a trainer restarted in the pod: the restore is abandoned, the checkpoint taken"
+        )
+        self._restoring = None
+        self.state.restoring = None
+        self._restore_ended.set()
+        download.cancel()
+        await asyncio.wait({download})
+
     async def staged(self, peer: Peer, request: protocol.Staged) -> protocol.Answer:
-        refused = self._refused_while_restoring()
+        refused = await self._refused_while_restoring(request.kind)
         if refused is not None:
             return refused
         streamed = self.staged_jobs.partial_of(peer)
@@ -686,7 +734,7 @@ class Agent:
         once a ``staged`` on this connection completes the checkpoint."""
         if request.kind != protocol.KIND_JIT:
             return protocol.ErrorAnswer.of("only a JIT checkpoint is staged in parts")
-        refused = self._refused_while_restoring()
+        refused = await self._refused_while_restoring(request.kind)
         if refused is not None:
             return refused
         committed = self.uploader.newest_committed
@@ -777,6 +825,8 @@ class Agent:
         if client is not None:
             client.said_bye = True
             client.exit_code = request.exit_code
+        if peer.pid is not None:
+            self.trainer.bye(Process(peer.pid, peer.started))
         stopping = self._stop.is_set() or self.grace.started  # the pod is going: no verdict
         if self.resumes is not None and peer.pid is not None and not stopping:
             why = await self.resumes.exited(peer.pid, request.exit_code, request.step)

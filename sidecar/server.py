@@ -90,13 +90,15 @@ class Limits:
 
 
 class Peer:
-    """One connection, as handlers see it: ``pid`` is set by an accepted ``hello`` or ``lease``."""
+    """One connection, as handlers see it: ``pid`` and ``started`` (the process's start
+    time, when it said one) are set by an accepted ``hello`` or ``lease``."""
 
     _numbers = itertools.count(1)
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.number = next(self._numbers)
         self.pid: int | None = None
+        self.started: int | None = None
         self.lease = False
         self.busy = False  # serving a request, so not idle
         self.last_line = time.monotonic()
@@ -144,8 +146,13 @@ class ProtocolServer:
 
     def live_pids(self) -> set[int]:
         """Pids that still hold a connection (after ``hello``) or a lease open."""
+        return {pid for pid, _ in self.live_processes()}
+
+    def live_processes(self) -> set[tuple[int, int | None]]:
+        """Processes, as (pid, start time or None), that still hold a connection (after
+        ``hello``) or a lease open."""
         return {
-            peer.pid
+            (peer.pid, peer.started)
             for peer in itertools.chain(self._connections, self._leases)
             if peer.pid is not None
         }
@@ -274,7 +281,7 @@ class ProtocolServer:
             log.error("%s request failed: %s: %s", request.OP, type(exc).__name__, exc)
             answer = protocol.ErrorAnswer.of(f"{request.OP} failed in the sidecar")
         if isinstance(request, protocol.Hello) and not isinstance(answer, protocol.ErrorAnswer):
-            peer.pid = request.pid
+            peer.pid, peer.started = request.pid, request.started
         if not answered:
             return None
         return answer if answer is not None else protocol.OkAnswer()
@@ -289,7 +296,7 @@ class ProtocolServer:
             return
         self._leases[peer] = None
         peer.lease = True
-        peer.pid = request.pid
+        peer.pid, peer.started = request.pid, request.started
         await self._dispatch(peer, request)
         if await reader.read(1):
             self._refused(peer, "a lease connection said more than its lease")

@@ -48,6 +48,12 @@ def lease_line(conn: socket.socket) -> dict[str, object]:
     return message
 
 
+def start_time(pid: int) -> int:
+    """``pid``'s start time in clock ticks after boot (``/proc/<pid>/stat`` field 22)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return int(stat.read().rsplit(b")", 1)[1].split()[22 - 3])
+
+
 def test_lease_held_until_sigkill(
     shim_env: ShimEnv, spawn: Spawn, listener: socket.socket, tmp_path: Path
 ) -> None:
@@ -55,7 +61,9 @@ def test_lease_held_until_sigkill(
     script.write_text(HOLDER)
     proc = spawn([PYTHON, str(script), "hold"], shim_env.env)
     conn, _ = listener.accept()
-    assert lease_line(conn) == {"op": "lease", "pid": proc.pid, "v": 1}
+    # The start time names the process where pids are reused (sidecar/trainers.py).
+    started = start_time(proc.pid)
+    assert lease_line(conn) == {"op": "lease", "pid": proc.pid, "started": started, "v": 1}
     proc.wait_for("ready")
     conn.settimeout(0.5)
     with pytest.raises(TimeoutError):
