@@ -42,6 +42,8 @@ def test_the_extractors_find_messages_at_their_call_sites() -> None:
     shim = messages.shim_messages()
     assert "shim/channel.py" in shim["no-socket"].sites[0]
     assert "env:*" in shim  # a key built at run time: its literal beginning
+    lines = messages.shim_lines()
+    assert any(key.startswith("trainrun.exit_after_jit: JIT checkpoint-") for key in lines)
     sidecar = messages.sidecar_messages()
     assert any(key.startswith("restore.skip: skipping checkpoint-%d") for key in sidecar)
     names = {m.name for m in metrics_page.all_metrics()}

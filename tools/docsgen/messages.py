@@ -1,17 +1,18 @@
 """Every message the shim and the sidecar print for a user to act on, found at its call site.
 
 The shim prints through ``shim/log.py``: ``say_once(key, message)`` for what a
-user must know (keyed: said once per process), ``failed(key, exc)`` for a part
+user must know (keyed: said once per process), ``say(message)`` for a line
+of what happened (a resume, a save, a stop), ``failed(key, exc)`` for a part
 of the shim that broke (one meaning for every key: training goes on without
 that part). The sidecar logs through ``logging``; its warnings and errors are
 the lines a user acts on. Each is found by parsing the modules, so a new
 message shows up here, and in the test that wants it explained, without
 anyone remembering to list it.
 
-Keys: a shim message is its ``say_once`` key, a key built at run time its
-literal beginning followed by ``*`` (``env:*``); a sidecar message is
-``<module>.<function>: <format string>``, since its format string alone may
-be ``%s``.
+Keys: a ``say_once`` message is its key, a key built at run time its literal
+beginning followed by ``*`` (``env:*``); a ``say`` line and a sidecar message
+are ``<module>.<function>: <format string>``, since a format string alone
+may be ``%s`` or said at several places.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from pathlib import Path
 
 from tools.docsgen.source import parse, python_files, relative
 
+SHIM_SAY = "say"
 SHIM_ONCE = "say_once"
 SHIM_FAILED = "failed"
 SIDECAR_LEVELS = ("warning", "error", "exception", "critical")
-# shim/log.py defines say_once and failed; failed's own say_once is the generic line below.
+# shim/log.py defines say, say_once and failed: its own calls are their definitions.
 SHIM_LOG = "shim/log.py"
-FAILED_TEMPLATE = "<key> failed (<error>); training continues without it"
 
 
 @dataclass
@@ -139,6 +140,27 @@ def shim_failures() -> dict[str, list[str]]:
     return found
 
 
+def _module(path: Path, package: str) -> str:
+    """``sidecar/storage/retry.py`` as a key's module part: ``storage.retry``."""
+    return relative(path).removeprefix(f"{package}/").removesuffix(".py").replace("/", ".")
+
+
+def shim_lines() -> dict[str, Message]:
+    """The shim's ``say`` lines, keyed by module, function and format string."""
+    found: dict[str, Message] = {}
+    for path in python_files("shim"):
+        if relative(path) == SHIM_LOG:
+            continue
+        for function, call in _functions(parse(path)):
+            if _called(call) != SHIM_SAY or not call.args:
+                continue
+            text = template(call.args[0])
+            key = f"{_module(path, 'shim')}.{function}: {text}"
+            message = found.setdefault(key, Message("shim", key, "line", templates=[text]))
+            message.sites.append(f"{relative(path)}:{call.lineno}")
+    return found
+
+
 def _is_log_call(call: ast.Call) -> bool:
     func = call.func
     return (
@@ -154,7 +176,7 @@ def sidecar_messages() -> dict[str, Message]:
     """The sidecar's warnings and errors, keyed by module, function and format string."""
     found: dict[str, Message] = {}
     for path in python_files("sidecar"):
-        module = relative(path).removeprefix("sidecar/").removesuffix(".py").replace("/", ".")
+        module = _module(path, "sidecar")
         for function, call in _functions(parse(path)):
             if not _is_log_call(call):
                 continue
@@ -166,12 +188,3 @@ def sidecar_messages() -> dict[str, Message]:
             if text not in message.templates:
                 message.templates.append(text)
     return found
-
-
-def all_messages() -> dict[str, Message]:
-    """Every keyed message of both parts; a key both parts used would be ambiguous."""
-    shim, sidecar = shim_messages(), sidecar_messages()
-    clash = set(shim) & set(sidecar)
-    if clash:
-        raise ValueError(f"message keys used by the shim and the sidecar: {sorted(clash)}")
-    return {**shim, **sidecar}

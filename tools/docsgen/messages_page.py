@@ -1,4 +1,4 @@
-"""The page of every message a user may act on: what it says, what it means, what to do.
+"""The page of every message the shim and the sidecar print: what it says, means, and asks.
 
 The messages come from ``messages.py`` (their call sites); the meaning and the
 action from ``messages.yaml``, keyed by the message's key. The shim's
@@ -29,7 +29,11 @@ def missing() -> list[str]:
     and entries that lack what their row needs."""
     explained = explanations("messages")
     problems = []
-    parts = (("shim", messages.shim_messages()), ("sidecar", messages.sidecar_messages()))
+    parts = (
+        ("shim", messages.shim_messages()),
+        ("shim_lines", messages.shim_lines()),
+        ("sidecar", messages.sidecar_messages()),
+    )
     for part, found in parts:
         written = explained.get(part) or {}
         problems += [f"{part}: {key}" for key in sorted(set(found) - set(written))]
@@ -56,6 +60,16 @@ def _shim_table(explained: dict[str, Any]) -> list[str]:
         entry = explained[key]
         said = _said(message.templates, entry)
         lines.append(f"| `{key}` | {said} | {cell(entry['means'])} | {cell(entry['do'])} |")
+    return lines
+
+
+def _lines_table(explained: dict[str, Any]) -> list[str]:
+    lines = ["| line | where | means | what to do |", "|---|---|---|---|"]
+    for key, message in sorted(messages.shim_lines().items()):
+        entry = explained[key]
+        said = _said(message.templates, entry)
+        where = key.split(":", 1)[0]
+        lines.append(f"| {said} | `{where}` | {cell(entry['means'])} | {cell(entry['do'])} |")
     return lines
 
 
@@ -90,6 +104,12 @@ def render() -> str:
         "at most once per process and key (`…` stands for run-time text).",
         "",
         *_shim_table(explained["shim"]),
+        "",
+        "### Other lines",
+        "",
+        "Printed each time they happen (a save, a stop, a resume), with the same prefix.",
+        "",
+        *_lines_table(explained["shim_lines"]),
         "",
         "### `… failed (…); training continues without it`",
         "",
