@@ -11,7 +11,7 @@ pod's main containers ended. Measured from the trainer's SIGTERM:
 - pod gone: the agent process has exited (the trainer exited before it).
 And, sampled every 100 ms over the whole run: the local volume's bytes (each
 inode once, however many hard links it has), whose peak is compared with the
-README's sizing rule, `(save-total-limit + 1)` checkpoints.
+sizing rule of docs/platform/sizing.md, `(save-total-limit + 1)` checkpoints.
 
     python -m bench.preemption [--quick] [--reps N]
 """

@@ -10,7 +10,7 @@ keeps the bytes). Two rules follow, and they are the whole policy:
 - when a checkpoint is accepted, every periodic checkpoint of an older step
   still queued (not uploading) is dropped, and so is the new one if it is
   periodic and older than one queued: at most one periodic checkpoint waits
-  behind the one uploading, which is what keeps the README's sizing rule
+  behind the one uploading, which is what keeps the sizing rule (docs/platform/sizing.md)
   (``save-total-limit + 1`` checkpoints of the node's share: the ones HF keeps,
   the newest of which is the one queued, and the one uploading);
 - once a checkpoint of step N is committed, every staged checkpoint of an

@@ -1,6 +1,6 @@
 """A checkpoint a resume cannot work from is set aside, so a job never crash-loops on it.
 
-The rule (README, "A resume that fails"): a trainer process that resumed
+The rule (docs/ml/failed-resume.md): a trainer process that resumed
 from the checkpoint this sidecar restored (the shim says so in a ``progress``
 report with ``resumed``, once it starts loading it) and then exits with an
 error (its ``bye`` carries a non-zero exit code) before it completed the first

@@ -279,9 +279,10 @@ def _image_fields(path: Path) -> list[Any]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_pointing_the_install_at_pushed_images(overlay: str, tmp_path: Path) -> None:
-    """What README.md's "Images" tells a platform engineer to do, on a copy of deploy/:
-    the base's images: entry (as ``kustomize edit set image`` writes it) and the config's
-    sidecar_image. The rendered install then names the pushed images and no other."""
+    """What the install page's "Images" (docs/platform/install.md) tells a platform engineer
+    to do, on a copy of deploy/: the base's images: entry (as ``kustomize edit set image``
+    writes it) and the config's sidecar_image. The rendered install then names the pushed
+    images and no other."""
     deploy = tmp_path / "deploy"
     shutil.copytree(DEPLOY, deploy)
     registry, version = "registry.example.com/ml", "1.2.3"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from tools.docsgen.source import ROOT, cell, explanations, parse
+from tools.docsgen.source import ROOT, cell, explanations, parse, plain
 from webhook.mutate import SKIP_REASONS
 
 SOURCES = {
@@ -93,7 +93,7 @@ def render() -> str:
         for m in defined(part):
             labels = ", ".join(f"`{label}`" for label in m.labels) or "none"
             watch = cell(explained[m.name])
-            row = f"| `{m.exposed}` | {m.kind.lower()} | {labels} | {cell(m.help)} | {watch} |"
+            row = f"| `{m.exposed}` | {m.kind.lower()} | {labels} | {plain(m.help)} | {watch} |"
             parts.append(row)
     reasons = ", ".join(f"`{reason}`" for reason in SKIP_REASONS)
     parts += ["", f"The `reason` of `jitckpt_webhook_skipped_total` is one of {reasons}."]

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-from tools.docsgen.source import cell, code, explanations, parse, python_files, relative
+from tools.docsgen.source import cell, explanations, parse, plain, python_files, relative
 from webhook import settings
 from webhook.config import WebhookConfig
 
@@ -122,7 +122,7 @@ def _table(section: str, header: str) -> list[str]:
     lines = [header, "|---|---|---|---|"]
     for entry in SECTIONS[section]():
         meaning = cell(explained[entry.name])
-        lines.append(f"| `{entry.name}` | {entry.default} | {meaning} | {cell(entry.rule)} |")
+        lines.append(f"| `{entry.name}` | {entry.default} | {meaning} | {plain(entry.rule)} |")
     return lines
 
 
@@ -140,8 +140,8 @@ def render() -> str:
         "",
         "On the namespace (the namespace's default), on the pod template (PyTorchJob replica "
         "template, TrainJob `runtimePatches` pod metadata), or under `defaults:` of the "
-        "webhook's ConfigMap without the prefix. No value may contain "
-        f"{code(settings.grammar.ENV_EXPANSION)}: {settings.NO_ENV_EXPANSION_RULE}.",
+        "webhook's ConfigMap without the prefix. Every value also follows one rule of its "
+        f"own: it {plain(settings.NO_ENV_EXPANSION_RULE)}.",
         "",
         *_table("annotations", "| key | default | meaning | rule |"),
         "",

@@ -45,6 +45,11 @@ def cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def plain(text: str) -> str:
+    """Text from the code (a rule, a help string) for a table cell: ``<bucket>`` is no HTML tag."""
+    return cell(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
+
+
 def code(text: str) -> str:
     """``text`` as inline code in a table cell: one line, backticks inside it made quotes (they
     would close the span); a pipe stays as it is, tables do not split inside a code span."""
