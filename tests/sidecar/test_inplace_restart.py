@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,14 +35,17 @@ STATES = "global_step8/zero_pp_rank_0_mp_rank_00_model_states.pt"
 
 
 @pytest.fixture
-def session(agent: AgentProcess, monkeypatch: pytest.MonkeyPatch) -> ProcessSession:
+def session(agent: AgentProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProcessSession]:
     """This test process as a training process: its lease and its session (the shim's)."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the session chains to it
-    monkeypatch.setattr(lease, "_HELD", [])
+    held: list[Client] = []
+    monkeypatch.setattr(lease, "_HELD", held)
     lease.take(str(agent.socket))
-    assert lease._HELD, "no lease taken"
+    assert held, "no lease taken"
     config = ShimConfig(local_dir=str(agent.local_dir), socket_path=str(agent.socket))
-    return ProcessSession(config)
+    yield ProcessSession(config)
+    for client in held:
+        client.close()
 
 
 def _read_up_to_here(agent: AgentProcess) -> None:
