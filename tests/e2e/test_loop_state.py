@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from local.demo.weights import compare_saved
 
@@ -64,9 +65,9 @@ class Story:
 
 STORIES = [
     # DDP with an AveragedModel EMA (no optimizer holds it): the EMA is what gets deployed.
-    Story("loop_ema.py", 13, ("ema.pt", "model.pt"), (1, 0, 0)),
-    # bf16 autocast, a GradScaler growing its scale, a loss tracker of the script's own.
-    Story("loop_amp_stats.py", 11, ("final.pt",), (0, 1, 0)),
+    # A torch.compile'd model, a loop bounded by its own counter over next(it), and books of
+    # its own (a running loss, the best loss, a patience, a list of logged values).
+    Story("loop_ema.py", 13, ("books.pt", "ema.pt", "model.pt"), (1, 0, 0)),
     # Accelerate: an EMA and a metrics tracker registered for checkpointing.
     Story("loop_accelerate_ema.py", 10, ("final.pt",), (0, 0, 2)),
 ]
@@ -95,16 +96,42 @@ def test_state_beside_the_model_resumes_exactly(story: Story, tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_a_loop_with_no_dataloader_in_nanogpt_s_shape_resumes_at_its_head(tmp_path: Path) -> None:
+    """nanoGPT's loop: module globals, ``while True``, ``get_batch()`` from torch's global
+    generator, the prefetched batch, a learning rate set by hand, gradient accumulation,
+    fp16 autocast with a GradScaler, dropout, and its own ``ckpt.pt`` every 10 iterations.
+    Preempted at 15, between two of its saves: it ends at ``max_iters`` with the same
+    ``ckpt.pt`` (weights, optimizer, ``iter_num``, ``best_val_loss``) as the uninterrupted
+    run, bitwise."""
+    summary, account = demo("nanogpt_shape.py", tmp_path, 15)
+    context = f"{json.dumps(summary)[:3000]}\n{account[-3000:]}"
+    assert summary["ok"] is True, context
+    assert summary["resumed_from_step"] == summary["jit_checkpoint_step"] == 15, context
+    assert summary["equal_to_uninterrupted"] is True, context
+    reference, resumed = saved_by_script(tmp_path, "out/ckpt.pt")
+    assert compare_saved(reference, resumed) == [], context
+    saved = torch.load(resumed, weights_only=True)
+    assert saved["iter_num"] == 30, saved["iter_num"]
+    log = Path(summary["trainer_logs"]["resumed"][0]).read_text(errors="replace")
+    assert "resumed at step 15: the head of its loop in" in log, log[-2000:]
+    assert "the loop's own variables put back" in log, log[-2000:]
+
+
+@pytest.mark.slow
 def test_verdict_fails_when_the_saved_output_differs_though_the_weights_match(
     tmp_path: Path,
 ) -> None:
     summary, account = demo("loop_counted.py", tmp_path, step=7, nnodes=1)
     context = f"{json.dumps(summary)[:3000]}\n{account[-3000:]}"
-    # The weights are those of the uninterrupted run (the demo's old verdict passed)...
+    # The weights are those of the uninterrupted run, and so is the loop's own count...
     assert summary["equal_to_uninterrupted"] is True, context
     assert summary["resumed_from_step"] == summary["jit_checkpoint_step"] is not None, context
-    # ...but the count the script saved is not, and the verdict says so.
+    # ...but not the number drawn from an itertools.count, and the verdict says so.
     assert summary["ok"] is False, context
     assert summary["saved_output"]["equal"] is False, context
-    assert summary["saved_output"]["differing"] == ["out.pt: samples_seen"], context
+    assert summary["saved_output"]["differing"] == ["out.pt: batches"], context
     assert "what the script saved" in summary["failed_checks"][0], context
+    # The checkpoint named what it could not save, once, with its reason.
+    log = Path(summary["trainer_logs"]["preempted"][0]).read_text(errors="replace")
+    said = [line for line in log.splitlines() if "not saved:" in line]
+    assert len(said) == 1 and "batches (a itertools.count" in said[0], log[-2000:]

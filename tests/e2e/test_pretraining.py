@@ -48,8 +48,8 @@ def test_a_lightning_fabric_loop_with_one_pod_of_two_preempted_resumes_bitwise(
 ) -> None:
     """Fabric's DDP, bf16 precision plugin, DistributedSampler, a per-batch scheduler and
     augmentation in 2 workers; stopped in its second epoch. What ``fabric.save`` wrote at
-    the end (through a buffer, not a path torch.save sees) is the final model in the
-    store, equal to the uninterrupted run's."""
+    the end (through a buffer, not a path torch.save sees), the loop's own step counter
+    included, is the final model in the store, equal to the uninterrupted run's."""
     options = ["--nnodes", "2", "--preempt-at-step", "17", "--preempt-nodes", "one", "--keep"]
     summary = demo_summary(FABRIC, options, tmp_path)
     assert_resumed_bitwise(summary, 17)
@@ -60,6 +60,9 @@ def test_a_lightning_fabric_loop_with_one_pod_of_two_preempted_resumes_bitwise(
     log = Path(summary["trainer_logs"]["preempted"][0]).read_text(errors="replace")
     assert "(Lightning Fabric: DDPStrategy, MixedPrecision)" in log
     assert "a JIT stop: its workers saved a JIT checkpoint" in log
+    # The loop's step counter, which fabric.save writes beside the model, came back with it.
+    resumed = Path(summary["trainer_logs"]["resumed"][0]).read_text(errors="replace")
+    assert "the loop's own variables put back" in resumed, resumed[-2000:]
 
 
 def test_the_demo_says_the_shim_gave_up_and_why_instead_of_an_early_end(tmp_path: Path) -> None:

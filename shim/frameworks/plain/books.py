@@ -7,8 +7,11 @@ So does a loop written as a method, in its object's attributes
 (``self.global_step``). At a checkpoint the shim saves, of the loop's frame
 (``loopframe``):
 
-- every variable whose value is plain data (``bookvalues``): a function's
-  locals, or a script's module globals when the loop runs at module level;
+- every variable whose value is plain data (``bookvalues``) that the loop
+  changed (what it never changed is left to the next process: its arguments,
+  its rank; ``fingerprints`` taken as the loop's optimizer is built tell):
+  a function's locals, or a script's module globals when the loop runs at
+  module level;
 - the plain-data attributes of the program's own objects the frame holds
   (and of ``argparse.Namespace`` / ``SimpleNamespace``), one level deep;
 - where each ``for`` loop around the save point stands (``iterslots``):
@@ -27,8 +30,10 @@ sees what the uninterrupted run saw.
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import inspect
+import random
 import sys
 import types
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,6 +43,10 @@ from . import iterslots, loopframe, programstate
 from .bookvalues import Encoder, Unsaveable, decode, describe, restore
 
 Skipped = List[Tuple[str, str]]
+Baseline = Dict[str, Any]
+_HASHED = (type(None), bool, int, float, complex, str, bytes)
+_ITEMS = 100000  # a container or array larger than this counts as changed
+_FINGERPRINT_DEPTH = 8
 _CODE_TYPES = (
     types.ModuleType,
     type,
@@ -108,10 +117,14 @@ def _public(name: Any) -> bool:
 
 
 def capture(
-    frame: Any, guarded: Any, offset: Optional[int] = None
+    frame: Any, guarded: Any, offset: Optional[int] = None, baseline: Optional[Baseline] = None
 ) -> Tuple[Dict[str, Any], Skipped]:
     """What the checkpoint holds of ``frame`` at ``offset`` (its current instruction by
-    default), and what it could not save, each with its reason."""
+    default), and what it could not save, each with its reason.
+
+    ``baseline`` (``fingerprints`` before the loop began): what the loop never changed is
+    left out, so the next process keeps its own (its arguments, its rank)."""
+    before = baseline or {}
     code = frame.f_code
     offset = frame.f_lasti if offset is None else offset
     encoder = Encoder(guarded)
@@ -126,9 +139,13 @@ def capture(
         if kinds.holds_books(value):
             if id(value) not in seen:
                 seen.add(id(value))
-                attributes[name] = _attributes(value, name, encoder, kinds, skipped)
+                found = before.get(name)
+                unchanged: Baseline = found if isinstance(found, dict) else {}
+                attributes[name] = _attributes(
+                    value, name, encoder, kinds, skipped, before=unchanged
+                )
             continue
-        if kinds.left_out(value):
+        if kinds.left_out(value) or (_unchanged(before, name, value) and not _iterator(value)):
             continue
         try:
             variables[name] = encoder.encode(value)
@@ -145,17 +162,71 @@ def capture(
 
 
 def _attributes(
-    obj: Any, name: str, encoder: Encoder, kinds: _Kinds, skipped: Skipped
+    obj: Any, name: str, encoder: Encoder, kinds: _Kinds, skipped: Skipped, *, before: Baseline
 ) -> Dict[str, Any]:
     found: Dict[str, Any] = {}
     for attribute, value in list(vars(obj).items()):
         if not _public(attribute) or kinds.left_out(value) or kinds.holds_books(value):
+            continue
+        if attribute in before and before[attribute] == fingerprint(value):
             continue
         try:
             found[attribute] = encoder.encode(value)
         except Unsaveable as exc:
             skipped.append(("%s.%s" % (name, attribute), str(exc)))
     return found
+
+
+def _unchanged(before: Baseline, name: str, value: Any) -> bool:
+    return name in before and before[name] == fingerprint(value)
+
+
+def _iterator(value: Any) -> bool:
+    """An iterator moves on inside itself: never taken for unchanged (it is named)."""
+    return not isinstance(value, type) and callable(getattr(type(value), "__next__", None))
+
+
+def fingerprints(frame: Any) -> Baseline:
+    """What the frame's variables (and its objects' attributes) are now, to tell later
+    which ones the loop changed: taken before the loop begins."""
+    kinds = _Kinds()
+    found: Baseline = {}
+    for name, value in list(_scope(frame).items()):
+        if not _public(name):
+            continue
+        if kinds.holds_books(value):
+            found[name] = {a: fingerprint(v) for a, v in list(vars(value).items()) if _public(a)}
+        else:
+            found[name] = fingerprint(value)
+    return found
+
+
+def fingerprint(value: Any, depth: int = 0) -> Any:
+    """A cheap token that changes when ``value`` does: tensors by storage and version
+    counter, containers by their items, numpy arrays by their bytes, objects by identity."""
+    kind = type(value)
+    if kind in _HASHED:
+        return (kind.__name__, value)
+    if depth > _FINGERPRINT_DEPTH:
+        return ("deep", id(value))
+    if kind in (list, tuple, set, frozenset, collections.deque) and len(value) <= _ITEMS:
+        items = sorted(value, key=repr) if kind in (set, frozenset) else value
+        return (kind.__name__, id(value), tuple(fingerprint(v, depth + 1) for v in items))
+    if isinstance(value, dict) and len(value) <= _ITEMS:
+        pairs = tuple((repr(k), fingerprint(v, depth + 1)) for k, v in value.items())
+        return ("dict", id(value), pairs)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        storage = value.untyped_storage().data_ptr() if value.numel() else 0
+        return ("tensor", storage, value._version, tuple(value.shape), str(value.dtype))
+    if torch is not None and isinstance(value, torch.Generator):
+        return ("generator", id(value), bytes(value.get_state().numpy()))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.ndarray) and value.nbytes <= _ITEMS * 8:
+        return ("ndarray", id(value), value.tobytes())
+    if kind is random.Random:
+        return ("random", id(value), value.getstate())
+    return ("object", id(value), kind.__name__)
 
 
 def places(frame: Any, offset: int) -> List[Dict[str, Any]]:
@@ -179,6 +250,21 @@ def unfollowable(iterators: List[Dict[str, Any]]) -> Optional[str]:
         found = iterslots.unknown(entry["position"])
         if found:
             return "the loop iterates a %s, whose place cannot be saved" % found
+    return None
+
+
+def drawn_from(frame: Any) -> Optional[str]:
+    """An iterator the loop's frame holds whose place cannot be saved (a loop with no
+    DataLoader may draw its batches from it): why the loop cannot be followed, or None."""
+    kinds = _Kinds()
+    for name, value in list(_scope(frame).items()):
+        if not _public(name) or kinds.left_out(value):
+            continue
+        if _iterator(value):
+            return "the loop's variable %s is %s, whose place cannot be saved" % (
+                name,
+                describe(value).split(" (")[0],
+            )
     return None
 
 

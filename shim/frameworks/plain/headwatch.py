@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import loopframe
 
 Then = Callable[[Any], None]
+# The offsets an arrival at the head is seen at: the head's instruction and the EXTENDED_ARG
+# prefix the backward jump targets when its argument needs one (``loopframe.Loop``).
+Head = Tuple[int, ...]
 
 
 def _nothing(frame: Any, event: str, arg: Any) -> None:
@@ -42,9 +45,9 @@ def busy() -> Optional[str]:
     return None
 
 
-def _watch(frame: Any, head: int, then: Then) -> Any:
+def _watch(frame: Any, head: Head, then: Then) -> Any:
     def local(current: Any, event: str, arg: Any) -> Any:
-        if event == "opcode" and current.f_lasti == head:
+        if event == "opcode" and current.f_lasti in head:
             current.f_trace = None
             current.f_trace_opcodes = False
             sys.settrace(None)
@@ -58,8 +61,8 @@ def _watch(frame: Any, head: int, then: Then) -> Any:
     return local
 
 
-def arm(frame: Any, head: int, then: Then) -> Optional[str]:
-    """Call ``then(frame)`` when ``frame`` next reaches offset ``head``; why not (None: armed)."""
+def arm(frame: Any, head: Head, then: Then) -> Optional[str]:
+    """Call ``then(frame)`` when ``frame`` next reaches ``head``; why not (None: armed)."""
     reason = busy()
     if reason is not None:
         return reason
@@ -68,7 +71,7 @@ def arm(frame: Any, head: int, then: Then) -> Optional[str]:
     return None
 
 
-def arm_on_call(code: Dict[str, Any], head: int, then: Then) -> Optional[str]:
+def arm_on_call(code: Dict[str, Any], head: Head, then: Then) -> Optional[str]:
     """As ``arm``, for a frame of ``code`` (``loopframe.identity``) that has not started yet."""
     reason = busy()
     if reason is not None:

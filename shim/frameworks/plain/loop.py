@@ -59,6 +59,7 @@ from . import (
     shardedstate,
 )
 from . import state as loopstate
+from .programstate import is_program_file
 
 FRAMEWORK = "torch"
 # Where a checkpoint's books were taken: at a batch request, or at the head of a loop with no
@@ -124,6 +125,8 @@ class PlainLoop:
         self._put_back: list = []  # other modules and objects loaded at the resume point
         # A loop with no DataLoader (its place is its own): its code and its head's offset.
         self.counted: Optional[Dict[str, Any]] = None
+        # Each frame of the program's as the first optimizer was built: what the loop changed.
+        self._baselines: Dict[Tuple[Any, ...], books.Baseline] = {}
         # Demo only: the modules whose final weights it asked for, kept alive until exit.
         self._final_modules: list = []
 
@@ -170,14 +173,25 @@ class PlainLoop:
         """An optimizer was built: the loop has not begun, so a loop with no DataLoader can
         still be caught at its head's first arrival (``headwatch``). Not in a framework's
         process: its integration prepares its own resume."""
-        if self.prepared or self.state == OFF or os.getpid() != self.pid:
+        if self.state == OFF or os.getpid() != self.pid:
             return
         if _framework_imported() or claim.owner() is not None:
             return
         try:
+            self._note_baselines(sys._getframe(1))
             self._prepare()
         except Exception as exc:
             self.went_wrong("resuming the plain loop", exc)
+
+    def _note_baselines(self, start: Any) -> None:
+        """What the program's frames hold before the loop: it keeps what it never changed."""
+        frame = start
+        while frame is not None:
+            code = frame.f_code
+            key = _key(loopframe.identity(code))
+            if key not in self._baselines and is_program_file(code.co_filename):
+                self._baselines[key] = books.fingerprints(frame)
+            frame = frame.f_back
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.state == OFF or os.getpid() != self.pid or shardedstate.Busy.active:
@@ -446,9 +460,9 @@ class PlainLoop:
     # -- a loop with no DataLoader: saved and resumed at its head ------------------------
     def _arm_resume(self, record: Dict[str, Any]) -> None:
         """Watch for the head's first arrival of the loop the checkpoint was written in."""
-        head = int(record["offset"])
+        head = (int(record["offset"]), int(record.get("entry", record["offset"])))
         frame = loopframe.find_code(sys._getframe(), record["code"])
-        if frame is not None and frame.f_lasti > head:
+        if frame is not None and frame.f_lasti > min(head):
             self.cannot_resume(
                 "its loop in %s began before the shim could watch it"
                 % loopframe.where(record["code"])
@@ -487,6 +501,8 @@ class PlainLoop:
         ``get_batch()``), saved at its head. Why it cannot be followed (None: it can)."""
         if self.counted is not None:
             return None
+        if any(track.training for track in dataloaders.TRACKER.tracks.values()):
+            return NO_BATCH  # batches a DataLoader gave before, replayed (itertools.cycle)
         if not iterslots.supported():
             return "%s; loops with no DataLoader are followed on CPython 3.11 to 3.13" % NO_BATCH
         frame = loopframe.find(sys._getframe())
@@ -496,10 +512,14 @@ class PlainLoop:
             return "a sharded model (FSDP2) trained by a loop with no DataLoader"
         loop = loopframe.code_of(frame.f_code).innermost(frame.f_lasti)
         assert loop is not None
-        problem = books.unfollowable(books.places(frame, loop.head)) or headwatch.busy()
+        problem = books.unfollowable(books.places(frame, loop.head))
+        problem = problem or books.drawn_from(frame) or headwatch.busy()
         if problem is not None:
             return problem
-        self.counted = {"code": loopframe.identity(frame.f_code), "head": loop.head}
+        self.counted = {
+            "code": loopframe.identity(frame.f_code),
+            "head": (loop.head, loop.entry),
+        }
         say_once(
             "plainloop-counted",
             "this loop takes no batch from a DataLoader: its place is its own variables, "
@@ -523,7 +543,7 @@ class PlainLoop:
 
     def _save_at_head(self, frame: Any) -> None:
         assert self.counted is not None
-        self._save(None, (frame, self.counted["head"]))
+        self._save(None, (frame, self.counted["head"][0]))
 
     # -- the step boundary ---------------------------------------------------------
     def _step(self, optimizer: Any) -> None:
@@ -715,8 +735,19 @@ class PlainLoop:
             )
             return None
         guarded = bookvalues.guarded_pointers(objects.all_modules, objects.optimizers)
-        record, skipped = books.capture(frame, guarded, offset)
+        baseline = self._baselines.get(_key(loopframe.identity(frame.f_code)))
+        record, skipped = books.capture(frame, guarded, offset, baseline)
         record["mode"] = HEAD if place is not None else BATCH
+        if self.counted is not None:
+            record["entry"] = self.counted["head"][1]
+        unread = [e["head"] for e in record["iterators"] if e["position"]["type"] == "?"]
+        if unread:
+            say_once(
+                "plainloop-books-iterator",
+                "the place of the for loop(s) at offset %s of %s cannot be read on this Python: "
+                "a resume puts back the loop's variables, not those loops' counters"
+                % (unread, loopframe.where(record["code"])),
+            )
         attributes = sum(len(found) for found in record["attributes"].values())
         say_once(
             "plainloop-books",
@@ -920,6 +951,10 @@ def _framework_on_stack() -> Optional[str]:
             return name
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def _key(identity: Dict[str, Any]) -> Tuple[Any, ...]:
+    return (identity["file"], identity["name"], identity["line"])
 
 
 def _framework_imported() -> bool:

@@ -42,15 +42,16 @@ _ENDS = {
 class Loop:
     """One loop of a code object: instructions ``head`` to ``end`` (offsets)."""
 
-    __slots__ = ("end", "head", "iterates")
+    __slots__ = ("end", "entry", "head", "iterates")
 
-    def __init__(self, head: int, end: int, iterates: bool) -> None:
-        self.head = head
+    def __init__(self, head: int, end: int, iterates: bool, entry: int) -> None:
+        self.head = head  # the first instruction of an iteration (past any EXTENDED_ARG)
+        self.entry = entry  # where the backward jumps go: ``head`` or its EXTENDED_ARG prefix
         self.end = end
         self.iterates = iterates  # a ``for`` loop: its iterator is on the value stack
 
     def holds(self, offset: int) -> bool:
-        return self.head <= offset <= self.end
+        return self.entry <= offset <= self.end
 
 
 class Code:
@@ -65,9 +66,9 @@ class Code:
             target = ins.argval if ins.opcode in _JUMPS else None
             if isinstance(target, int) and target <= ins.offset and ins.opname not in _NOT_LOOPS:
                 heads[target] = max(heads.get(target, target), ins.offset)
-        names = {ins.offset: ins.opname for ins in instructions}
-        for head, end in sorted(heads.items()):
-            self.loops.append(Loop(head, end, names.get(head) == "FOR_ITER"))
+        for target, end in sorted(heads.items()):
+            head = _instruction_at(instructions, target)
+            self.loops.append(Loop(head.offset, end, head.opname == "FOR_ITER", target))
         self.depths = _stack_depths(instructions)
 
     def around(self, offset: int) -> List[Loop]:
@@ -85,6 +86,17 @@ class Code:
         if not loop.iterates or depth is None or depth < 1:
             return None
         return depth - 1
+
+
+def _instruction_at(instructions: List[Any], offset: int) -> Any:
+    """The instruction a jump to ``offset`` runs: an argument too large for one byte comes
+    in EXTENDED_ARG prefixes, which the jump targets."""
+    found = None
+    for ins in instructions:
+        if ins.offset >= offset and ins.opname != "EXTENDED_ARG":
+            found = ins
+            break
+    return found if found is not None else instructions[-1]
 
 
 def _stack_depths(instructions: List[Any]) -> Dict[int, int]:

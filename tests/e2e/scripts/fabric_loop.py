@@ -3,8 +3,9 @@
 ``fabric.launch()``, ``fabric.setup()`` of the model and optimizer,
 ``setup_dataloaders`` (Fabric puts in its ``DistributedSampler``),
 ``fabric.backward``, ``clip_gradients``, a scheduler stepped every batch, a
-dataset that augments at random in 2 worker processes, and ``fabric.save`` of
-the trained state at the end (rank 0 writes it). It knows nothing of jitckpt.
+dataset that augments at random in 2 worker processes, a step counter of its
+own, and ``fabric.save`` of the trained state and that counter at the end
+(rank 0 writes it). It knows nothing of jitckpt.
 
     torchrun --nnodes 2 ... fabric_loop.py --epochs 2
 """
@@ -56,6 +57,7 @@ def main() -> None:
     loader = DataLoader(Noisy(192), batch_size=8, shuffle=True, num_workers=2)
     loader = fabric.setup_dataloaders(loader)
 
+    step = 0
     for epoch in range(args.epochs):
         model.train()
         total = 0.0
@@ -66,10 +68,12 @@ def main() -> None:
             fabric.clip_gradients(model, optimizer, max_norm=1.0)
             optimizer.step()
             scheduler.step()
+            step += 1
             total += loss.item()
         fabric.print(f"epoch {epoch} mean loss {total / len(loader):.5f}")
 
-    fabric.save(args.output, {"model": model, "optimizer": optimizer, "scheduler": scheduler})
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": step}
+    fabric.save(args.output, state)
 
 
 if __name__ == "__main__":

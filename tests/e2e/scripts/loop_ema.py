@@ -1,10 +1,14 @@
-"""DDP training with an EMA of the weights, as vision and diffusion code keeps one.
+"""DDP training bounded by its own step counter, with an EMA and books of its own.
 
 Run by torchrun. A small MLP with dropout on synthetic data (from a fixed
-seed), a DistributedSampler with ``set_epoch``, SGD with momentum, and an
-``AveragedModel`` EMA updated after every optimizer step, which no optimizer
-holds. Rank 0 saves the model and its EMA at the end; the EMA is what gets
-deployed. It knows nothing about jitckpt.
+seed), compiled with ``torch.compile``, a DistributedSampler with
+``set_epoch``, SGD with momentum, and an ``AveragedModel`` EMA updated after
+every optimizer step, which no optimizer holds. The loop is
+``for step in range(max_steps)`` over ``next(it)``, a new iterator at each
+epoch's end, as LLM pre-training loops are written, and it keeps books: a
+running mean of the loss, the best loss and an early-stopping patience, a
+list of logged losses, the samples seen. Rank 0 saves the model, its EMA and
+the books at the end. It knows nothing about jitckpt.
 """
 
 import argparse
@@ -27,9 +31,12 @@ def synthetic(size: int, seed: int) -> TensorDataset:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--ema-decay", type=float, default=0.9)
+    # aot_eager: dynamo and AOTAutograd as torch.compile runs them, without the minutes of
+    # C++ code generation inductor needs on a CPU.
+    parser.add_argument("--compile-backend", default="aot_eager")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -39,26 +46,55 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
 
     net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
-    model = nn.parallel.DistributedDataParallel(net)
+    model = torch.compile(nn.parallel.DistributedDataParallel(net), backend=args.compile_backend)
     ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(args.ema_decay))
     optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
+    epoch = 0
+    sampler.set_epoch(epoch)
+    it = iter(loader)
+    running = 0.0
+    best = float("inf")
+    patience = 0
+    logged = []
+    samples = 0
+    for step in range(args.max_steps):
+        try:
+            features, labels = next(it)
+        except StopIteration:
+            epoch += 1
+            sampler.set_epoch(epoch)
+            it = iter(loader)
+            features, labels = next(it)
         model.train()
-        for features, labels in loader:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(features), labels)
-            loss.backward()
-            optimizer.step()
-            ema.update_parameters(net)
-        if dist.get_rank() == 0:
-            print(f"epoch {epoch} done, EMA of {int(ema.n_averaged)} steps", flush=True)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(features), labels)
+        loss.backward()
+        optimizer.step()
+        ema.update_parameters(net)
+        samples += len(labels)
+        running = 0.9 * running + 0.1 * loss.item()
+        if running < best:
+            best, patience = running, 0
+        else:
+            patience += 1
+        if step % 4 == 0:
+            logged.append((step, round(running, 6)))
 
     if dist.get_rank() == 0:
         torch.save(net.state_dict(), "model.pt")
         torch.save(ema.module.state_dict(), "ema.pt")
-        print("training done; model.pt and ema.pt saved", flush=True)
+        books = {
+            "step": step,
+            "epoch": epoch,
+            "running": running,
+            "best": best,
+            "patience": patience,
+            "logged": logged,
+            "samples": samples,
+        }
+        torch.save(books, "books.pt")
+        print(f"training done at step {step}; model.pt, ema.pt and books.pt saved", flush=True)
     dist.destroy_process_group()
 
 
