@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 
 from local.demo.jobpods import JobSpec
 from local.demo.jobrun import job_pods
+from local.demo.scenario import DemoOptions, open_scenario
 from local.demo.weights import compare_files
 from local.podrunner import ObjectStore
 from local.podrunner.spec import PodContext, container_env
@@ -127,3 +129,17 @@ def test_weights_are_compared_bit_for_bit(tmp_path: Path) -> None:
     assert not differ.equal and differ.differing == ["w"]
     torch.save({"w": base["w"]}, tmp_path / "d.pt")
     assert compare_files(tmp_path / "a.pt", tmp_path / "d.pt").differing == ["n"]
+
+
+def test_every_pod_of_one_demo_gets_one_hash_seed_and_each_demo_its_own(tmp_path: Path) -> None:
+    """Both runs' pods run on the scenario's one node, whose image env carries the seed: a
+    set's order (PEFT's ``target_modules``) then matches between the runs of one demo."""
+    seeds = []
+    for name in ("a", "b"):
+        options = DemoOptions(workdir=tmp_path / name)
+        with open_scenario(options, io.StringIO()) as scenario:
+            first = scenario.node.base_env("local/trainer:latest")["PYTHONHASHSEED"]
+            again = scenario.node.base_env("other/image:1")["PYTHONHASHSEED"]
+        assert first == again and first.isdigit() and 0 < int(first) < 2**32
+        seeds.append(first)
+    assert seeds[0] != seeds[1]
