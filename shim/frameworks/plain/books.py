@@ -40,7 +40,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ... import dataloaders
 from . import iterslots, loopframe, programstate
-from .bookvalues import Encoder, Unsaveable, decode, describe, restore
+from .bookvalues import (
+    LIMIT_BYTES,
+    Encoder,
+    Unsaveable,
+    decode,
+    describe,
+    restore,
+    storage_pointer,
+)
 
 Skipped = List[Tuple[str, str]]
 Baseline = Dict[str, Any]
@@ -209,7 +217,9 @@ def fingerprint(value: Any, depth: int = 0) -> Any:
         return (kind.__name__, value)
     if depth > _FINGERPRINT_DEPTH:
         return ("deep", id(value))
-    if kind in (list, tuple, set, frozenset, collections.deque) and len(value) <= _ITEMS:
+    if kind in (list, tuple, set, frozenset, collections.deque, dict) and len(value) > _ITEMS:
+        return object()  # too large to tell: never taken for unchanged
+    if kind in (list, tuple, set, frozenset, collections.deque):
         items = sorted(value, key=repr) if kind in (set, frozenset) else value
         return (kind.__name__, id(value), tuple(fingerprint(v, depth + 1) for v in items))
     if isinstance(value, dict) and len(value) <= _ITEMS:
@@ -217,13 +227,15 @@ def fingerprint(value: Any, depth: int = 0) -> Any:
         return ("dict", id(value), pairs)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        storage = value.untyped_storage().data_ptr() if value.numel() else 0
-        return ("tensor", storage, value._version, tuple(value.shape), str(value.dtype))
+        storage = storage_pointer(value) if value.numel() else 0
+        return ("tensor", id(value), storage, value._version, tuple(value.shape), str(value.dtype))
     if torch is not None and isinstance(value, torch.Generator):
         return ("generator", id(value), bytes(value.get_state().numpy()))
     numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.ndarray) and value.nbytes <= _ITEMS * 8:
-        return ("ndarray", id(value), value.tobytes())
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        if value.nbytes > LIMIT_BYTES:
+            return object()  # too large to tell: never taken for unchanged
+        return ("ndarray", id(value), value.dtype.str, value.tobytes())
     if kind is random.Random:
         return ("random", id(value), value.getstate())
     return ("object", id(value), kind.__name__)

@@ -118,7 +118,7 @@ class Encoder:
         if isinstance(value, torch.Tensor):
             if type(value) is not torch.Tensor:
                 raise Unsaveable("a %s" % type(value).__name__)
-            if value.numel() and value.untyped_storage().data_ptr() in self.guarded:
+            if value.numel() and storage_pointer(value) in self.guarded:
                 raise Unsaveable("holds training state (put back with its module or optimizer)")
             self._spend(value.numel() * value.element_size())
             data = value.detach().clone()
@@ -291,6 +291,16 @@ def _generator_in_place(current: Any, saved: Any) -> bool:
     return False
 
 
+def storage_pointer(tensor: Any) -> int:
+    """Where ``tensor``'s storage is (0: it has none to read: a sharded parameter's
+    unsharded storage freed between passes, a tensor subclass's)."""
+    local = getattr(tensor, "_local_tensor", None)  # a DTensor: its shard on this rank
+    try:
+        return int((local if local is not None else tensor).untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
+
+
 def guarded_pointers(modules: List[Any], optimizers: List[Any]) -> Set[int]:
     """The data pointers of every parameter, buffer and optimizer state tensor."""
     import torch
@@ -298,11 +308,11 @@ def guarded_pointers(modules: List[Any], optimizers: List[Any]) -> Set[int]:
     found: Set[int] = set()
     for module in modules:
         for tensor in list(module.parameters()) + list(module.buffers()):
-            if tensor.numel():
-                found.add(tensor.untyped_storage().data_ptr())
+            found.add(storage_pointer(tensor))
     for optimizer in optimizers:
         for state in optimizer.state.values():
             for item in state.values() if isinstance(state, dict) else ():
-                if isinstance(item, torch.Tensor) and item.numel():
-                    found.add(item.untyped_storage().data_ptr())
+                if isinstance(item, torch.Tensor):
+                    found.add(storage_pointer(item))
+    found.discard(0)
     return found

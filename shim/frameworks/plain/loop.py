@@ -49,6 +49,7 @@ from ..fabric import strategies as fabric
 from . import (
     books,
     bookvalues,
+    dsengine,
     extrastate,
     headwatch,
     iterslots,
@@ -600,13 +601,13 @@ class PlainLoop:
         if low != high:
             self._fatal("the ranks resumed different steps (%d to %d)" % (low, high))
         objects = loopstate.Objects()
-        problem = None
-        if objects.uncovered():
+        problem = dsengine.problem()
+        if problem is None and objects.uncovered():
             problem = (
                 "an optimizer holds parameters of no module the shim saw being built (a bare "
                 "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
-        else:
+        elif problem is None:
             accelerate = any(r.alive() for r in extrastate.ACCELERATORS)
             problem = fabric.problem() or shardedstate.problem(objects.modules, accelerate)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
@@ -721,7 +722,11 @@ class PlainLoop:
         )
         payload["rng"] = rngstate.capture()
         payload["loaders"] = objects.loaders
-        payload["books"] = self._books(objects, place)
+        try:
+            payload["books"] = self._books(objects, place)
+        except Exception as exc:  # the loop's variables never stop its checkpoint
+            failed("saving the loop's own variables (the checkpoint is taken without them)", exc)
+            payload["books"] = None
         loopstate.write(directory, ranks["rank"], payload)
 
     def _books(self, objects: loopstate.Objects, place: Place) -> Optional[Dict[str, Any]]:
