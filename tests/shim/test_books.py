@@ -102,6 +102,42 @@ def test_a_loop_bounded_by_its_own_counter_resumes_at_that_counter(tmp_path: Pat
     assert resumed == reference
 
 
+def while_loop(max_steps: int, hook: Hook = None, at: int = -1, first: int = 5) -> tuple:
+    """``while step < max_steps``: the counter is a variable, the loop has no iterator."""
+    step, seen, it = 0, [], Batches(first, hook, at)
+    while step < max_steps:
+        try:
+            x = next(it)
+        except StopIteration:
+            it = Batches(5, hook, at)
+            x = next(it)
+        seen.append(x)
+        step += 1
+    return step, seen
+
+
+def test_a_while_loop_bounded_by_its_own_counter_ends_where_the_uninterrupted_one_does(
+    tmp_path: Path,
+) -> None:
+    reference = while_loop(12)
+    taken: dict[str, Any] = {}
+
+    def save(frame: Any) -> None:
+        if "record" not in taken and frame.f_locals["step"] > 5:
+            taken["record"] = books.capture(frame, set())[0]
+
+    while_loop(12, save, at=3)
+    record = through_checkpoint(taken["record"], tmp_path)
+    assert record["iterators"] == [] and record["variables"]["step"] == 7
+
+    def resume(frame: Any) -> None:
+        if "done" not in taken:
+            taken["done"] = books.put_back(frame, record)
+
+    assert while_loop(12, resume, at=3, first=0) == reference
+    assert taken["done"] is None
+
+
 class Fit:
     """A loop written as a method: its books are attributes."""
 
