@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import tqdm
 
 from shim.frameworks.plain import books, bookvalues, loopframe
 
@@ -136,6 +137,51 @@ def test_a_while_loop_bounded_by_its_own_counter_ends_where_the_uninterrupted_on
 
     assert while_loop(12, resume, at=3, first=0) == reference
     assert taken["done"] is None
+
+
+def progress(iterable: Any) -> Any:
+    """A progress wrapper written as a generator, as tqdm's ``__iter__`` is."""
+    for item in iterable:
+        yield item
+        print(end="", flush=True)
+
+
+def wrapped_loop(max_steps: int, wrap: Callable[[Any], Any], hook: Hook = None) -> list:
+    seen, it = [], Batches(3, hook, 2)
+    for step in wrap(range(max_steps)):
+        try:
+            x = next(it)
+        except StopIteration:
+            it = Batches(3, hook, 2)
+            x = next(it)
+        seen.append((step, x))
+    return seen
+
+
+@pytest.mark.parametrize("wrap", [progress, tqdm.tqdm], ids=["generator", "tqdm"])
+def test_a_counter_behind_a_progress_bar_resumes_at_its_place(
+    wrap: Callable[[Any], Any], tmp_path: Path
+) -> None:
+    reference = wrapped_loop(8, wrap)
+    taken: dict[str, Any] = {}
+
+    def save(frame: Any) -> None:
+        if "record" not in taken and frame.f_locals["step"] >= 3:
+            taken["record"] = books.capture(frame, set())[0]
+
+    wrapped_loop(8, wrap, save)
+    record = through_checkpoint(taken["record"], tmp_path)
+    (entry,) = record["iterators"]
+    assert entry["position"]["kind"] == "generator"
+    assert entry["position"]["inner"][0]["index"] == 5  # range(8) yielded steps 0 to 4
+
+    def resume(frame: Any) -> None:
+        if "done" not in taken:
+            taken["done"] = books.put_back(frame, record)
+
+    resumed = wrapped_loop(8, wrap, resume)
+    assert taken["done"] is None
+    assert resumed[-4:] == reference[-4:] and resumed[-1][0] == 7
 
 
 class Fit:

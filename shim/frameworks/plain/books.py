@@ -243,16 +243,12 @@ def fingerprint(value: Any, depth: int = 0) -> Any:
 
 def places(frame: Any, offset: int) -> List[Dict[str, Any]]:
     """Each ``for`` loop around ``offset``, outermost first: its head and its iterator's place."""
-    info = loopframe.code_of(frame.f_code)
-    found = []
-    for loop in info.around(offset):
-        if not loop.iterates:
-            continue
-        slot = info.iterator_slot(loop)
-        obj = iterslots.iterator(frame, slot) if slot is not None else None
-        place = iterslots.position(obj) if obj is not None else {"kind": "unknown", "type": "?"}
-        found.append({"head": loop.head, "position": place})
-    return found
+    loops = loopframe.code_of(frame.f_code).around(offset)
+    return [
+        {"head": loop.head, "position": iterslots.place(frame, loop)}
+        for loop in loops
+        if loop.iterates
+    ]
 
 
 def unfollowable(iterators: List[Dict[str, Any]]) -> Optional[str]:
@@ -310,10 +306,9 @@ def _put_iterators(frame: Any, offset: int, saved: List[Dict[str, Any]]) -> Opti
     if [loop.head for loop in loops] != [entry["head"] for entry in saved]:
         return "the loop asks at another place in its code than where the checkpoint was written"
     for loop, entry in zip(loops, saved):
-        slot = info.iterator_slot(loop)
-        obj = iterslots.iterator(frame, slot) if slot is not None else None
+        obj = iterslots.of_loop(frame, loop)
         if obj is None:
-            if entry["position"]["kind"] in ("index", "enumerate", "zip"):
+            if entry["position"]["kind"] in ("index", "enumerate", "zip", "generator"):
                 return "the iterator of the loop at offset %d cannot be read" % loop.head
             continue
         problem = iterslots.put(obj, entry["position"])

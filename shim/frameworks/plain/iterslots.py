@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import types
 from typing import Any, Dict, List, Optional
 
 from ... import dataloaders
+from . import loopframe
 
 # ``PyFrameObject``: the pointer to its ``_PyInterpreterFrame``, after the object head and f_back.
 _FRAME_POINTER = 24
@@ -39,6 +41,7 @@ _INDEXED = {
     "list_reverseiterator",
 }
 TRACKED = "tracked"  # a data loader's iterator: its place is the tracker's
+UNREADABLE = {"kind": "unknown", "type": "?"}  # a slot this Python's layout does not let us read
 
 
 def supported() -> bool:
@@ -105,7 +108,34 @@ def position(obj: Any) -> Dict[str, Any]:
             "type": name,
             "inner": [position(item) for item in obj.__reduce__()[1]],
         }
+    frame = getattr(obj, "gi_frame", None)
+    if isinstance(obj, types.GeneratorType) and frame is not None and frame.f_lasti >= 0:
+        # A wrapper written as a generator (tqdm's ``__iter__``, a progress helper): its
+        # place is that of the for loops it is suspended in.
+        return {
+            "kind": "generator",
+            "type": name,
+            "code": loopframe.identity(frame.f_code),
+            "inner": [place(frame, loop) for loop in _loops(frame)],
+        }
     return {"kind": "unknown", "type": name}
+
+
+def _loops(frame: Any) -> List[Any]:
+    info = loopframe.code_of(frame.f_code)
+    return [loop for loop in info.around(frame.f_lasti) if loop.iterates]
+
+
+def of_loop(frame: Any, loop: Any) -> Optional[Any]:
+    """The iterator of ``for`` loop ``loop`` that ``frame`` is running (None: unreadable)."""
+    slot = loopframe.code_of(frame.f_code).iterator_slot(loop)
+    return iterator(frame, slot) if slot is not None else None
+
+
+def place(frame: Any, loop: Any) -> Dict[str, Any]:
+    """Where the iterator of ``loop`` is (``UNREADABLE`` when it cannot be read here)."""
+    obj = of_loop(frame, loop)
+    return position(obj) if obj is not None else dict(UNREADABLE)
 
 
 def _range_bounds(source: Any) -> Optional[List[int]]:
@@ -146,6 +176,8 @@ def put(obj: Any, saved: Dict[str, Any]) -> Optional[str]:
         inner, _ = _reduced_args(obj)
         problem = put(inner, saved["inner"])
         return problem or _set_count(obj, int(saved["count"]))
+    if kind == "generator":
+        return _put_generator(obj, saved)
     if kind == "zip":
         items = obj.__reduce__()[1]
         if len(items) != len(saved["inner"]):
@@ -159,6 +191,21 @@ def put(obj: Any, saved: Dict[str, Any]) -> Optional[str]:
                 return problem
         return None
     return "an iterator whose place was not saved (%s)" % kind
+
+
+def _put_generator(obj: Any, saved: Dict[str, Any]) -> Optional[str]:
+    frame = getattr(obj, "gi_frame", None)
+    if frame is None or not loopframe.same_code(frame.f_code, saved["code"]):
+        return "the loop iterates another generator than the checkpoint's"
+    loops = _loops(frame)
+    if len(loops) != len(saved["inner"]):
+        return "the generator %s is at another place" % loopframe.where(saved["code"])
+    for loop, entry in zip(loops, saved["inner"]):
+        inner = of_loop(frame, loop)
+        problem = "its iterator cannot be read" if inner is None else put(inner, entry)
+        if problem is not None:
+            return problem
+    return None
 
 
 def _reduced_args(obj: Any) -> Any:

@@ -745,7 +745,7 @@ class PlainLoop:
         record["mode"] = HEAD if place is not None else BATCH
         if self.counted is not None:
             record["entry"] = self.counted["head"][1]
-        unread = [e["head"] for e in record["iterators"] if e["position"]["type"] == "?"]
+        unread = [e["head"] for e in record["iterators"] if e["position"] == iterslots.UNREADABLE]
         if unread:
             say_once(
                 "plainloop-books-iterator",

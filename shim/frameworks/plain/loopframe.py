@@ -119,6 +119,8 @@ def _stack_depths(instructions: List[Any]) -> Dict[int, int]:
             if ins.opname in _ENDS:
                 break
             depth += dis.stack_effect(ins.opcode, arg, jump=False)
+            if ins.opname == "RETURN_GENERATOR":
+                depth += 1  # a generator's frame starts with the value sent in (popped next)
             k += 1
     return depths
 
