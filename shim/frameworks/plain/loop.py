@@ -171,16 +171,16 @@ class PlainLoop:
             self._remove_forward_hook()
 
     def _on_optimizer(self) -> None:
-        """An optimizer was built: the loop has not begun, so a loop with no DataLoader can
-        still be caught at its head's first arrival (``headwatch``). Not in a framework's
-        process: its integration prepares its own resume."""
-        if self.state == OFF or os.getpid() != self.pid:
-            return
-        if _framework_imported() or claim.owner() is not None:
+        """An optimizer was built: the loop has not begun. What its frames hold now is what
+        the loop will be said to change, and a loop with no DataLoader can still be caught at
+        its head's first arrival (``headwatch``). Where a framework's trainer is imported
+        (Lightning's beside Fabric), its integration prepares the resume, at its own time."""
+        if self.state == OFF or os.getpid() != self.pid or claim.owner() is not None:
             return
         try:
             self._note_baselines(sys._getframe(1))
-            self._prepare()
+            if not _framework_imported():
+                self._prepare()
         except Exception as exc:
             self.went_wrong("resuming the plain loop", exc)
 
