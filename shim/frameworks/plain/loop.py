@@ -55,6 +55,7 @@ from . import (
     iterslots,
     loopframe,
     nodelocal,
+    replicated,
     reshard,
     shardedsaves,
     shardedstate,
@@ -271,6 +272,7 @@ class PlainLoop:
             if saved is None:
                 return None, None
             reason = loopstate.unusable(saved, step, source, old)
+            reason = reason or replicated.gather(directory, saved)
             if reason is not None or old == world:
                 return saved, reason
             reason, notes = reshard.adapt(saved, old, world, rank)
@@ -714,12 +716,16 @@ class PlainLoop:
 
     def _write_rank_file(
         self, directory: str, objects: loopstate.Objects, place: Place = None
-    ) -> None:
+    ) -> bool:
+        """This rank's files (collective); whether the replicated state was spread over the
+        ranks (``replicated``: then each rank file is read by its rank alone)."""
         watcher.stop()  # it must not stage our directories as the program's own
         ranks = dist.ranks()
         payload = loopstate.collect(
             objects, self.step, ranks["rank"], ranks["world_size"], sharded=self.sharded
         )
+        if not self.sharded and ranks["world_size"] > 1:
+            payload = replicated.spread(directory, payload, ranks["rank"], ranks["world_size"])
         payload["rng"] = rngstate.capture()
         payload["loaders"] = objects.loaders
         try:
@@ -728,6 +734,7 @@ class PlainLoop:
             failed("saving the loop's own variables (the checkpoint is taken without them)", exc)
             payload["books"] = None
         loopstate.write(directory, ranks["rank"], payload)
+        return replicated.KEY in payload
 
     def _books(self, objects: loopstate.Objects, place: Place) -> Optional[Dict[str, Any]]:
         """The loop's own variables, at ``place`` or else at the batch request on the stack."""
@@ -799,8 +806,9 @@ class PlainLoop:
             self.periodic.settle(self._commit_periodic, block=True)
         step = self.step
         directory = self.run.checkpoint_path(step)
-        self._write_rank_file(directory, objects, place)
-        dcp_own = None
+        spread = self._write_rank_file(directory, objects, place)
+        # Spread: each rank file is its rank's own (``nodelocal``); the shares are everyone's.
+        dcp_own: Optional[FrozenSet[str]] = frozenset() if spread else None
         if self.sharded:
             dcp_own = shardedstate.save(directory, objects.modules[0], objects.optimizers)
         self._commit(directory, step, KIND_JIT, dcp_own)

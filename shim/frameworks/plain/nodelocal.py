@@ -28,9 +28,14 @@ here, and only where it is known for certain:
   read on every rank, and the loop starts over.
 
 Everything else (``.metadata``, node 0's marker, Accelerate's registered
-objects) is read by any node and stays unmarked, as do DDP loops' files: their
-ranks do not agree before resuming, so a rank without its file would start
-over alone.
+objects, a DDP loop's shares of its replicated state: ``replicated``) is read
+by any node and stays unmarked. A DDP loop's rank files are marked too once
+its replicated state was spread over the ranks (each file then holds only
+its rank's own state): a node that could not download its own resumes
+another step than the others, and the ranks' first step agreement
+(``loop._start``) stops them all rather than train on from two states. A DDP
+loop whose ranks saved their whole states each (not replicas) leaves its rank
+files unmarked, as before.
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""A DDP loop's replicated state in its checkpoint once, spread over the ranks, and checked.
+
+Kubeflow's MNIST-shaped DDP loop on 2 processes under the shim, without a
+sidecar: the JIT checkpoint stays in the local dir, where the next process
+finds it. Its model and optimizer are in the two ranks' shares, once; each
+rank file holds that rank's own state only. The resume is bitwise; a share
+missing, or a share whose tensors are not the ones saved, is said and the
+checkpoint not used (training starts over).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from shim.frameworks.plain import replicated
+from tests.shim.support import TORCHRUN, ShimEnv, Spawn, checkpoint_steps
+
+SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_ddp_mnist.py"
+HOLD = "JITCKPT_DEMO_HOLD_AT_STEP"
+STEP = 5
+
+
+def ddp(output: Path) -> list[str]:
+    command = [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--epochs", "1"]
+    return [*command, "--save-model", str(output)]
+
+
+def state_bytes(saved: dict) -> int:
+    """The bytes of the tensors of a rank's training modules and optimizers."""
+    total = 0
+
+    def walk(value: object) -> None:
+        nonlocal total
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk([saved["modules"], saved["optimizers"]])
+    return total
+
+
+@pytest.mark.slow
+def test_replicated_state_is_saved_once_spread_over_the_ranks_and_checked(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    reference = spawn(ddp(tmp_path / "reference.pt"), shim_env.ranks_without_shim())
+    cut = spawn(ddp(tmp_path / "cut.pt"), {**shim_env.env, HOLD: str(STEP)})
+    cut.wait_for(f"holding at step {STEP} ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert reference.wait(timeout=240) == 0, reference.output()[-3000:]
+    assert checkpoint_steps(shim_env.checkpoints) == [STEP]
+    checkpoint = shim_env.checkpoints / f"checkpoint-{STEP}"
+    state = checkpoint / "loop-state"
+    shares = [state / f"replicated-{rank:05d}.pt" for rank in (0, 1)]
+    ranks = [state / f"rank-{rank:05d}.pt" for rank in (0, 1)]
+    assert all(path.is_file() for path in shares + ranks)
+
+    # One copy in all: the shares hold what one rank's training state is, each rank file
+    # only the structure, its random states and its data position.
+    for path in ranks:
+        assert state_bytes(torch.load(path, weights_only=True)) == 0  # none of it
+    saved = torch.load(ranks[1], weights_only=True)
+    assert replicated.gather(str(checkpoint), saved) is None
+    copy = state_bytes(saved)
+    share_bytes = sum(path.stat().st_size for path in shares)
+    assert copy <= share_bytes <= 1.25 * copy + 4096, (copy, share_bytes)
+
+    # Resumed: bitwise equal to the uninterrupted run.
+    resumed = spawn(ddp(tmp_path / "resumed.pt"), shim_env.env)
+    assert resumed.wait(timeout=240) == 0, resumed.output()[-3000:]
+    assert resumed.output().count(f"resumed at step {STEP}:") == 2
+    left = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    right = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert [name for name in right if not torch.equal(left[name], right[name])] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["missing", "altered"])
+def test_a_share_missing_or_not_the_one_saved_is_said_and_not_resumed(
+    damage: str, shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    cut = spawn(ddp(tmp_path / "cut.pt"), {**shim_env.env, HOLD: str(STEP)})
+    cut.wait_for(f"holding at step {STEP} ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    share = shim_env.checkpoints / f"checkpoint-{STEP}" / "loop-state" / "replicated-00001.pt"
+    if damage == "missing":
+        share.unlink()
+        said = "rank 1's share is missing"
+    else:
+        content = torch.load(share, weights_only=True)
+        first = next(iter(content["tensors"]))
+        content["tensors"][first] = content["tensors"][first] + 1
+        torch.save(content, share)
+        said = "its replicated state is not the one saved"
+    again = spawn(ddp(tmp_path / "again.pt"), shim_env.env)
+    assert again.wait(timeout=240) == 0, again.output()[-3000:]
+    output = again.output()
+    assert output.count(said) == 2, output[-3000:]  # each rank says why
+    assert "training starts over" in output and "resumed at step" not in output
