@@ -124,6 +124,11 @@ def test_ddp_loop_preempted_mid_epoch_resumes_bitwise(
     assert sum(lines_with(log, "training done") for log in summary["trainer_logs"]["resumed"]) == 1
     for log in summary["trainer_logs"]["resumed"]:
         assert lines_with(log, f"resumed at step {step}:") == story.nproc, log
+    # The model and optimizer are in the store once, in shares every node reads; a rank
+    # file is its rank's own: on two nodes each downloads the shares and its own files.
+    if story.nnodes > 1:
+        for log in summary["sidecar_logs"]["resumed"]:
+            assert lines_with(log, "this node's files and the shared ones only") == 1, log
 
 
 @pytest.mark.slow
