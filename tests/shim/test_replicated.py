@@ -2,10 +2,11 @@
 
 Kubeflow's MNIST-shaped DDP loop on 2 processes under the shim, without a
 sidecar: the JIT checkpoint stays in the local dir, where the next process
-finds it. Its model and optimizer are in the two ranks' shares, once; each
-rank file holds that rank's own state only. The resume is bitwise; a share
-missing, or a share whose tensors are not the ones saved, is said and the
-checkpoint not used (training starts over).
+finds it. Its model and optimizer are in the shares, once (one share: the
+model is small); each rank file holds that rank's own state only. How the
+tensors of a large state are spread over the ranks is ``owners``'s test.
+The resume is bitwise; a share missing, or a share whose tensors are not
+the ones saved, is said and the checkpoint not used (training starts over).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from shim.frameworks.plain import replicated
+from shim.frameworks.plain.replicated import owners
 from tests.shim.support import TORCHRUN, ShimEnv, Spawn, checkpoint_steps
 
 SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_ddp_mnist.py"
@@ -61,9 +63,11 @@ def test_replicated_state_is_saved_once_spread_over_the_ranks_and_checked(
     assert checkpoint_steps(shim_env.checkpoints) == [STEP]
     checkpoint = shim_env.checkpoints / f"checkpoint-{STEP}"
     state = checkpoint / "loop-state"
-    shares = [state / f"replicated-{rank:05d}.pt" for rank in (0, 1)]
+    # A small model makes one share, written by rank 0 (at least 64 MiB a share).
+    shares = [state / "replicated-00000.pt"]
     ranks = [state / f"rank-{rank:05d}.pt" for rank in (0, 1)]
     assert all(path.is_file() for path in shares + ranks)
+    assert not (state / "replicated-00001.pt").exists()
 
     # One copy in all: the shares hold what one rank's training state is, each rank file
     # only the structure, its random states and its data position.
@@ -93,10 +97,10 @@ def test_a_share_missing_or_not_the_one_saved_is_said_and_not_resumed(
     cut.wait_for(f"holding at step {STEP} ", timeout=240)
     cut.signal(signal.SIGTERM)
     assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
-    share = shim_env.checkpoints / f"checkpoint-{STEP}" / "loop-state" / "replicated-00001.pt"
+    share = shim_env.checkpoints / f"checkpoint-{STEP}" / "loop-state" / "replicated-00000.pt"
     if damage == "missing":
         share.unlink()
-        said = "rank 1's share is missing"
+        said = "rank 0's share is missing"
     else:
         content = torch.load(share, weights_only=True)
         first = next(iter(content["tensors"]))
@@ -108,3 +112,37 @@ def test_a_share_missing_or_not_the_one_saved_is_said_and_not_resumed(
     output = again.output()
     assert output.count(said) == 2, output[-3000:]  # each rank says why
     assert "training starts over" in output and "resumed at step" not in output
+
+
+class Sized:
+    """What ``owners`` reads of a tensor: its size."""
+
+    def __init__(self, megabytes: int) -> None:
+        self.megabytes = megabytes
+
+    def numel(self) -> int:
+        return self.megabytes << 20
+
+    def element_size(self) -> int:
+        return 1
+
+
+def test_a_large_state_is_spread_over_ranks_of_every_node_in_shares_that_do_not_grow_with_it() -> (
+    None
+):
+    # 4 x 100 MiB + 8 x 25 MiB = 600 MiB: 10 shares of at least 64 MiB, on 10 of 64 ranks.
+    tensors = [Sized(100)] * 4 + [Sized(25)] * 8
+    who = owners(tensors, world=64)
+    writers = sorted(set(who))
+    assert len(writers) == 10
+    assert len({rank // 8 for rank in writers}) == 8  # 8 ranks a node: every node writes
+    load = {
+        rank: sum(t.megabytes for t, r in zip(tensors, who, strict=True) if r == rank)
+        for rank in writers
+    }
+    assert max(load.values()) <= 100 and min(load.values()) >= 25
+    # The same state on 1,024 ranks: the same 10 shares, not more.
+    assert len(set(owners(tensors, world=1024))) == 10
+    # A small state is one share; a job of one rank writes it all.
+    assert set(owners([Sized(1)] * 3, world=16)) == {0}
+    assert set(owners(tensors, world=1)) == {0}

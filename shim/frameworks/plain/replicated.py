@@ -10,9 +10,12 @@ modules' and optimizers' tensors are taken out of the rank files:
   tensor's bytes and of the structure around them, compared with two
   integer all-reduces); where they do not (not replicas), each rank saves its
   own as before, said once;
-- each tensor is given to one rank (the largest first, to the least loaded),
-  and each rank writes its share, ``loop-state/replicated-<R>.pt``: the state
-  is written once, by every rank at once;
+- each tensor is given to one writer (the largest first, to the least
+  loaded), and each writer rank writes its share, ``loop-state/replicated-<R>.pt``:
+  the state is written once, by many ranks at once. There are as many
+  writers as 64 MiB shares the state makes (``owners``), spread over the
+  job's nodes: every node reads every share, so the number of objects a
+  restore reads follows the state's size, not the job's;
 - a rank's file keeps the structure, each tensor replaced by its number, and
   the digest.
 
@@ -37,6 +40,9 @@ KEY = "replicated"
 PART_FILE = os.path.join(STATE_DIR, "replicated-%05d.pt")
 _PLACE = "__jitckpt_replicated__"  # a tensor's number, where the rank file held the tensor
 _SECTIONS = ("modules", "optimizers")
+# A share's size at least (the last one's aside): a restore reads every share, on every
+# node, so a share per rank would make a job's requests grow with its size squared.
+SHARE_BYTES = 64 << 20
 
 
 def _split(value: Any, tensors: List[Any]) -> Any:
@@ -90,13 +96,21 @@ def _byte_dtype() -> Any:
     return torch.uint8
 
 
-def owners(tensors: List[Any], world: int) -> List[int]:
-    """Which rank writes each tensor: the largest first, each to the least loaded rank."""
-    load = [0] * world
+def owners(tensors: List[Any], world: int, share_bytes: int = SHARE_BYTES) -> List[int]:
+    """Which rank writes each tensor: the largest first, each to the least loaded writer.
+
+    As many writers as shares of ``share_bytes`` the state makes, at most one per rank,
+    spread evenly over the ranks (and so over the nodes): every node reads every share,
+    so their number follows the state's size, never the job's.
+    """
+    total = sum(_size(tensor) for tensor in tensors)
+    shares = max(1, min(world, -(-total // share_bytes)))
+    writers = [index * world // shares for index in range(shares)]
+    load = {rank: 0 for rank in writers}
     found = [0] * len(tensors)
     order = sorted(range(len(tensors)), key=lambda i: (-_size(tensors[i]), i))
     for index in order:
-        rank = min(range(world), key=lambda r: (load[r], r))
+        rank = min(writers, key=lambda r: (load[r], r))
         found[index] = rank
         load[rank] += _size(tensors[index])
     return found
@@ -122,12 +136,13 @@ def spread(directory: str, payload: Dict[str, Any], rank: int, world: int) -> Di
         )
         return payload
     who = owners(tensors, world)
-    share = {index: tensor for index, tensor in enumerate(tensors) if who[index] == rank}
-    path = os.path.join(directory, PART_FILE % rank)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = "%s.tmp-%d" % (path, os.getpid())
-    torch.save({"digest": mine, "tensors": share}, temporary)
-    os.replace(temporary, path)
+    if rank in who:
+        share = {index: tensor for index, tensor in enumerate(tensors) if who[index] == rank}
+        path = os.path.join(directory, PART_FILE % rank)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = "%s.tmp-%d" % (path, os.getpid())
+        torch.save({"digest": mine, "tensors": share}, temporary)
+        os.replace(temporary, path)
     out = dict(payload, **structure)
     out[KEY] = {"digest": mine, "owners": who, "world": world}
     return out
