@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import io
+import itertools
 import random
 import subprocess
 import sys
@@ -182,6 +183,44 @@ def test_a_counter_behind_a_progress_bar_resumes_at_its_place(
     resumed = wrapped_loop(8, wrap, resume)
     assert taken["done"] is None
     assert resumed[-4:] == reference[-4:] and resumed[-1][0] == 7
+
+
+def sliced_loop(hook: Hook = None) -> list:
+    """``for x in islice(...)``, with an ``itertools.count`` beside it, whose place is lost."""
+    seen, numbers = [], itertools.count()
+    for x in itertools.islice(iter(range(100)), 12):
+        seen.append((x, next(numbers)))
+        if hook is not None:
+            hook(sys._getframe())
+    return seen
+
+
+def test_an_islice_resumes_at_its_place_and_an_iterator_that_cannot_is_named(
+    tmp_path: Path,
+) -> None:
+    reference = sliced_loop()
+    taken: dict[str, Any] = {}
+
+    def save(frame: Any) -> None:
+        if "record" not in taken and frame.f_locals["x"] == 5:
+            taken["record"], taken["skipped"] = books.capture(frame, set())
+
+    sliced_loop(save)
+    record = through_checkpoint(taken["record"], tmp_path)
+    (entry,) = record["iterators"]
+    assert entry["position"]["kind"] == "islice" and entry["position"]["count"] == 6
+    assert dict(taken["skipped"])["numbers"].startswith("a itertools.count")
+
+    def resume(frame: Any) -> None:
+        if "done" not in taken:
+            taken["done"] = books.put_back(frame, record)
+
+    resumed = sliced_loop(resume)
+    assert taken["done"] is None
+    # The slice goes on where it was, as uninterrupted; the count (named) goes on from
+    # where the new process had it.
+    assert [x for x, _ in resumed] == [x for x, _ in reference] == list(range(12))
+    assert [n for _, n in resumed] == list(range(6)) + list(range(1, 7))
 
 
 class Fit:

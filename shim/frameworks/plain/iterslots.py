@@ -20,8 +20,10 @@ tracker's (``dataloaders``); any other iterator's place is unknown.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 import types
+import warnings
 from typing import Any, Dict, List, Optional
 
 from ... import dataloaders
@@ -102,6 +104,18 @@ def position(obj: Any) -> Dict[str, Any]:
     if isinstance(obj, enumerate):
         inner, count = _reduced_args(obj)
         return {"kind": "enumerate", "type": name, "count": count, "inner": position(inner)}
+    if isinstance(obj, itertools.islice):
+        reduced = _reduced(obj)
+        if len(reduced) == 3 and reduced[1][3] == 1:  # a step of 1: its count is its place
+            inner, _, stop, _ = reduced[1]
+            return {
+                "kind": "islice",
+                "type": name,
+                "count": reduced[2],
+                "stop": stop,
+                "inner": position(inner),
+            }
+        return {"kind": "unknown", "type": name}
     if isinstance(obj, zip):
         return {
             "kind": "zip",
@@ -178,6 +192,16 @@ def put(obj: Any, saved: Dict[str, Any]) -> Optional[str]:
         return problem or _set_count(obj, int(saved["count"]))
     if kind == "generator":
         return _put_generator(obj, saved)
+    if kind == "islice":
+        reduced = _reduced(obj)
+        if len(reduced) != 3 or reduced[1][2] != saved["stop"]:
+            return "its islice stops at another place than the checkpoint's"
+        problem = put(reduced[1][0], saved["inner"])
+        if problem is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                obj.__setstate__(int(saved["count"]))
+        return problem
     if kind == "zip":
         items = obj.__reduce__()[1]
         if len(items) != len(saved["inner"]):
@@ -206,6 +230,13 @@ def _put_generator(obj: Any, saved: Dict[str, Any]) -> Optional[str]:
         if problem is not None:
             return problem
     return None
+
+
+def _reduced(obj: Any) -> Any:
+    """``obj.__reduce__()``, which Python 3.12 and 3.13 deprecate for itertools' objects."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return obj.__reduce__()
 
 
 def _reduced_args(obj: Any) -> Any:

@@ -752,6 +752,18 @@ class PlainLoop:
         record["mode"] = HEAD if place is not None else BATCH
         if self.counted is not None:
             record["entry"] = self.counted["head"][1]
+        unknown = [
+            "%s (%s)" % (e["head"], iterslots.unknown(e["position"]))
+            for e in record["iterators"]
+            if e["position"] != iterslots.UNREADABLE and iterslots.unknown(e["position"])
+        ]
+        if unknown and self.counted is None:
+            say_once(
+                "plainloop-books-unknown-iterator",
+                "the place of the for loop(s) at offset %s of %s is not saved (an iterator "
+                "the shim cannot set): if such a loop counts steps, a resume starts its count "
+                "over" % (", ".join(unknown), loopframe.where(record["code"])),
+            )
         unread = [e["head"] for e in record["iterators"] if e["position"] == iterslots.UNREADABLE]
         if unread:
             say_once(
