@@ -430,3 +430,33 @@ def test_a_module_level_loop_with_no_loader_resumes_at_its_head(tmp_path: Path) 
     resumed = run("resume")
     end = [line for line in resumed.splitlines() if line.startswith("end")]
     assert end == [line for line in reference.splitlines() if line.startswith("end")]
+
+
+def test_a_tampered_record_writes_nothing(tmp_path: Path) -> None:
+    """The record comes from the store: a dunder, a local the function has not, or a value
+    that cannot be decoded, and nothing of it is written into the frame."""
+    taken: dict[str, Any] = {}
+    counter_loop(8, lambda frame: taken.setdefault("record", books.capture(frame, set())[0]), 2)
+    record = through_checkpoint(taken["record"], tmp_path)
+    cases = {
+        "__builtins__": {**record["variables"], "__builtins__": {}},
+        "intruder": {**record["variables"], "intruder": 1},
+        "undecodable": {**record["variables"], "best": {bookvalues.TAG: "no-such-kind"}},
+    }
+    for case, variables in cases.items():
+        seen: dict[str, Any] = {}
+
+        def resume(frame: Any, variables: dict = variables, seen: dict = seen) -> None:
+            if "done" not in seen:
+                before = dict(frame.f_locals)
+                try:
+                    seen["done"] = books.put_back(frame, {**record, "variables": variables})
+                except ValueError as exc:
+                    seen["done"] = str(exc)
+                seen["same"] = {k: v for k, v in frame.f_locals.items() if k != "frame"} == {
+                    k: v for k, v in before.items() if k != "frame"
+                }
+
+        counter_loop(8, resume, at=2)
+        assert seen["done"] is not None, case
+        assert seen["same"], case

@@ -288,16 +288,39 @@ def put_back(frame: Any, record: Dict[str, Any], offset: Optional[int] = None) -
     if problem is not None:
         return problem
     scope = _scope(frame)
-    for name, encoded in record["variables"].items():
-        scope[name] = restore(scope.get(name), decode(encoded))
+    foreign = _foreign_names(frame.f_code, record)
+    if foreign:
+        return "the checkpoint names variables the loop's code has not: %s" % ", ".join(foreign)
+    # Everything decoded first: nothing is written unless all of it can be.
+    variables = [(name, decode(encoded)) for name, encoded in record["variables"].items()]
+    attributes = []
     for name, saved in record["attributes"].items():
         obj = scope.get(name)
         if obj is None or not isinstance(getattr(obj, "__dict__", None), dict):
             return "%s is %s now, the checkpoint's held books" % (name, describe(obj))
-        for attribute, encoded in saved.items():
-            setattr(obj, attribute, restore(getattr(obj, attribute, None), decode(encoded)))
+        attributes += [(obj, key, decode(encoded)) for key, encoded in saved.items()]
+    for name, value in variables:
+        scope[name] = restore(scope.get(name), value)
+    for obj, key, value in attributes:
+        setattr(obj, key, restore(getattr(obj, key, None), value))
     _write_through(frame)
     return None
+
+
+def _foreign_names(code: Any, record: Dict[str, Any]) -> List[str]:
+    """Names in ``record`` that no variable of ``code`` could have (the record comes from
+    the store: it never writes a dunder, nor a local the function does not have)."""
+    names = list(record["variables"]) + list(record["attributes"])
+    for saved in record["attributes"].values():
+        names += list(saved)
+    local = set(code.co_varnames) | set(code.co_cellvars) | set(code.co_freevars)
+    optimized = bool(code.co_flags & inspect.CO_OPTIMIZED)
+    return [
+        str(name)
+        for name in names
+        if not (isinstance(name, str) and name.isidentifier() and _public(name))
+        or (optimized and name in record["variables"] and name not in local)
+    ][:5]
 
 
 def _put_iterators(frame: Any, offset: int, saved: List[Dict[str, Any]]) -> Optional[str]:

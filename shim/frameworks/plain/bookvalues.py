@@ -28,6 +28,7 @@ TAG = "__jitckpt__"
 LIMIT_BYTES = 64 << 20  # one variable's encoded size at most
 MAX_DEPTH = 32
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 _FACTORIES: Dict[str, Callable[[], Any]] = {
     "list": list,
     "dict": dict,
@@ -203,6 +204,8 @@ def decode(value: Any) -> Any:
         import numpy
 
         state = decode(value["state"])
+        if state.get("bit_generator") not in _BIT_GENERATORS:  # a name from the store
+            raise ValueError("an unknown bit generator: %r" % (state.get("bit_generator"),))
         bits = getattr(numpy.random, state["bit_generator"])()
         bits.state = state
         return numpy.random.Generator(bits)
