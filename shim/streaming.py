@@ -3,24 +3,36 @@
 During a JIT save on local rank 0, the functions that write a checkpoint's
 files (``torch.save`` and safetensors' ``save_file``, as frameworks call
 them) are wrapped: when one returns having written a file inside the
-checkpoint's directory, that file is complete. It is hard-linked into the
-checkpoint's staging directory at once and handed over with ``staging``, so
-the sidecar uploads it while the rest is being written. Once every rank has
-written, the usual ``staged`` hands over the rest (other ranks' files, small
-files written otherwise) into the same staging directory and completes the
-checkpoint; only then can the sidecar commit it. A file handed over must
-still be in the checkpoint, as the same inode, when it is completed (one
-written aside and renamed is not what the checkpoint holds).
+checkpoint's directory, that file is complete. It is handed over when the
+save moves on to its next file (or with the rest, at the end): hard-linked
+into the checkpoint's staging directory and sent with ``staging``, so the
+sidecar uploads it while the rest is being written. Handing a file over one
+write late keeps out what a save writes and at once removes or renames (HF's
+placeholder weights under DeepSpeed ZeRO-3, a temporary name). Once every
+rank has written, the usual ``staged`` hands over the rest (other ranks'
+files, small files written otherwise) into the same staging directory and
+completes the checkpoint; only then can the sidecar commit it. A file handed
+over must still be in the checkpoint, as the same inode, when it is
+completed (one written aside and renamed is not what the checkpoint holds).
+
+A save may write a file it wrote already: DeepSpeed ZeRO-3's under HF writes
+its whole checkpoint twice (``save_model`` saves it when the weights are not
+gathered, then the optimizer's save does again). The handed file is unlinked
+from the checkpoint before it is written again, so the bytes the sidecar
+reads never change under it; written again byte for byte the same, the
+checkpoint gets the handed inode back and streaming goes on.
 
 Streaming never stands in the way of the save: any failure (a sidecar that
-does not know ``staging``, a file written twice, an error of ours) ends it.
-The connection is reset, which makes the sidecar drop what it held of the
-checkpoint, and the checkpoint is handed over whole, as without streaming.
+does not know ``staging``, a file written again with other bytes, an error of
+ours) ends it. The connection is reset, which makes the sidecar drop what it
+held of the checkpoint, and the checkpoint is handed over whole, as without
+streaming.
 """
 
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import os
 import shutil
 import sys
@@ -56,38 +68,79 @@ class Stream:
         self.target: Optional[str] = None  # the staging directory, made at the first file
         self.handed: List[str] = []  # relative names the sidecar took
         self.broken = False
+        self._pending: Optional[str] = None  # written, handed over at the next write
         self._thread = threading.get_ident()  # the thread that saves
 
     def _relative(self, path: Any) -> Optional[str]:
+        """``path``'s name in the checkpoint (``/``-separated), or None when it is not a path
+        inside it."""
         if not isinstance(path, (str, os.PathLike)):
             return None  # a buffer or an open file: not a file known complete here
         full = os.path.realpath(os.fspath(path))
-        if not full.startswith(self.directory + os.sep) or not os.path.isfile(full):
+        if not full.startswith(self.directory + os.sep):
             return None
         return os.path.relpath(full, self.directory).replace(os.sep, "/")
 
-    def written(self, path: Any) -> None:
-        """A writer returned: hand its file over if it is one of this checkpoint's."""
+    def _path(self, relative: str) -> str:
+        return os.path.join(self.directory, *relative.split("/"))
+
+    def writing(self, path: Any) -> None:
+        """A writer is about to write ``path``: the file written before is complete (handed
+        over if the checkpoint still holds it); a handed file is unlinked first, so the
+        write makes a new one and the sidecar's stays as it was handed."""
         if self.broken or threading.get_ident() != self._thread:
             return
         try:
             relative = self._relative(path)
-            if relative is None:
-                return
-            if relative in self.handed:
-                self.abandon("%s was written twice" % relative)
-                return
-            if self.target is None:
-                self.target = new_target(self.directory, self.staging_root, self.kind)
-            link_file(self.directory, self.target, relative)
-            request = Staging(step=self.step, kind=self.kind, dir=self.target, files=(relative,))
-            if self.link.stage_part(request) is None:
-                self.abandon("the sidecar did not take %s" % relative)
-                return
-            self.handed.append(relative)
+            pending, self._pending = self._pending, None
+            if pending is not None and pending != relative:
+                self._hand(pending)
+            if relative is not None and relative in self.handed and not self.broken:
+                os.unlink(self._path(relative))
         except Exception as exc:
             failed("streaming %s to the sidecar" % path, exc)
             self.abandon("an error while streaming")
+
+    def written(self, path: Any) -> None:
+        """A writer returned: its file is complete, handed over at the next write."""
+        if self.broken or threading.get_ident() != self._thread:
+            return
+        try:
+            relative = self._relative(path)
+            if relative is None or not os.path.isfile(self._path(relative)):
+                return
+            if relative in self.handed:
+                self._written_again(relative)
+            else:
+                self._pending = relative
+        except Exception as exc:
+            failed("streaming %s to the sidecar" % path, exc)
+            self.abandon("an error while streaming")
+
+    def _hand(self, relative: str) -> None:
+        """Hand one complete file over, if the checkpoint still holds it."""
+        if not os.path.isfile(self._path(relative)):
+            return  # removed, or renamed, once written: not the checkpoint's
+        if self.target is None:
+            self.target = new_target(self.directory, self.staging_root, self.kind)
+        link_file(self.directory, self.target, relative)
+        request = Staging(step=self.step, kind=self.kind, dir=self.target, files=(relative,))
+        if self.link.stage_part(request) is None:
+            self.abandon("the sidecar did not take %s" % relative)
+            return
+        self.handed.append(relative)
+
+    def _written_again(self, relative: str) -> None:
+        """A handed file was written again: the same bytes, the checkpoint gets the handed
+        inode back; other bytes end streaming."""
+        assert self.target is not None
+        full, handed = self._path(relative), os.path.join(self.target, *relative.split("/"))
+        if not filecmp.cmp(full, handed, shallow=False):
+            self.abandon("%s was written again with other contents" % relative)
+            return
+        aside = "%s.jitckpt-%d" % (full, os.getpid())
+        os.link(handed, aside)
+        os.replace(aside, full)
 
     def finish(
         self, local: Optional[Callable[[str], bool]] = None, shim_loads: bool = False
@@ -172,8 +225,10 @@ def watching(stream: Stream) -> Iterator[None]:
 
 def _watched(original: Callable[..., Any], stream: Stream) -> Callable[..., Any]:
     def writer(*args: Any, **kwargs: Any) -> Any:
+        path = writecall.target(args, kwargs)
+        stream.writing(path)
         result = original(*args, **kwargs)
-        stream.written(writecall.target(args, kwargs))
+        stream.written(path)
         return result
 
     writer.__wrapped__ = original  # type: ignore[attr-defined]

@@ -57,11 +57,14 @@ async def commit_node(
     job: str = "",
     gate: PartGate | None = None,
     arrivals: Arrivals | None = None,
+    marks: Callable[[], tuple[frozenset[str], bool]] | None = None,
     committing: Callable[[], None] | None = None,
     staged_at: float | None = None,
 ) -> CommitResult:
     """Upload ``files`` under ``checkpoint-<step>/`` and commit (``arrivals``: the files
-    arrive while this runs, ``files`` is ignored).
+    arrive while this runs, ``files`` is ignored; ``marks``: then ``local`` and
+    ``shim_loads`` as the ``staged`` that completed them said, read once every file is
+    in, since that request comes after this began).
 
     ``committing`` is called once every file is in the store, just before the manifest is
     written: from there on the caller must not cancel the commit. A manifest PUT cut short
@@ -79,6 +82,8 @@ async def commit_node(
         entries, retries = await upload_files(store, files, key_of, gate)
     else:
         entries, retries = await upload_arriving(store, arrivals, key_of, gate)
+    if marks is not None:
+        local, shim_loads = marks()
     entries = [e.model_copy(update={"local": True}) if e.path in local else e for e in entries]
     manifest = mf.Manifest(
         step=step,

@@ -364,6 +364,7 @@ class Uploader:
                 job=cfg.job_name,
                 gate=gate,
                 arrivals=job.arrivals,
+                marks=lambda: (job.local, job.shim_loads),
                 committing=lambda: self._past_cancelling(job),
                 staged_at=job.staged_at,
             )
