@@ -13,6 +13,11 @@ SCANNER := $(SCANNER_VENV)/.installed-$(CHECKOV_VERSION)
 # its own pins: it caps `datasets` below the version TRL needs. What its trainer imports is
 # in the dev extra (triton, tyro, torchdata, spmd_types, einops, tensorboard).
 TORCHTITAN := torchtitan==0.3.0
+# DeepSpeed, for its ZeRO runs in the end-to-end tests (HF's Trainer with ZeRO 2 and 3), from
+# its source distribution with no compiled ops (DS_BUILD_OPS=0: on a CPU it trains with gloo
+# through its CPU accelerator). Its setup imports torch, so it is built against the torch
+# installed here (--no-build-isolation); the constraints keep that torch.
+DEEPSPEED := deepspeed==0.19.8
 
 .PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench docs images images-deps images-check clean
 
@@ -26,6 +31,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps $(TORCHTITAN)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation -c constraints.txt $(DEEPSPEED)
 	touch $(STAMP)
 
 $(SCANNER): Makefile

@@ -43,7 +43,16 @@ SHARED_PARTS = frozenset({"jitckpt", "shim"})
 # The shim imports these only when the user's program has (feature-detected);
 # they come from the trainer's image, never from ours.
 USER_STACK = frozenset(
-    ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "numpy", "torchtitan")
+    (
+        "torch",
+        "transformers",
+        "accelerate",
+        "lightning",
+        "pytorch_lightning",
+        "numpy",
+        "torchtitan",
+        "deepspeed",
+    )
 )
 
 
@@ -268,7 +277,9 @@ def test_every_dependency_of_the_extra_is_imported(image: Image) -> None:
 def test_the_images_install_no_training_stack() -> None:
     for image in IMAGES:
         installed = closure(requirements(image.extra()))
-        assert not installed & {"torch", "transformers", "accelerate", "numpy"}, image.part
+        assert not installed & {"torch", "transformers", "accelerate", "numpy", "deepspeed"}, (
+            image.part
+        )
     sidecar = closure(requirements("sidecar"))
     assert not sidecar & {"fastapi", "uvicorn", "starlette", "cryptography"}
     assert "aiobotocore" not in closure(requirements("webhook"))

@@ -21,7 +21,9 @@ from tests.test_images import FIRST_PARTY, PROJECT, SHARED_PARTS, USER_STACK, cl
 from webhook.config import WebhookConfig
 
 PARTS = ("webhook", "sidecar")
-TRAINING_STACK = frozenset({"torch", "transformers", "accelerate", "lightning", "numpy"})
+TRAINING_STACK = frozenset(
+    {"torch", "transformers", "accelerate", "lightning", "numpy", "deepspeed"}
+)
 
 
 @pytest.fixture(params=PARTS)
