@@ -383,7 +383,9 @@ class TrainingRun:
 
         Called when training ended normally (never after a JIT stop). The
         tensors are copied to the CPU so the file compares across runs; of a
-        sharded module, rank 0's shards (what the script saves is compared too).
+        sharded module, rank 0's shards (what the script saves is compared too),
+        DeepSpeed ZeRO-3's included: its parameters hold nothing outside a gather,
+        their partitions (``ds_tensor``) are what rank 0 holds.
         """
         path = self.config.demo_final_weights
         if path is None or model is None or dist.ranks()["rank"] != 0:
@@ -395,6 +397,10 @@ class TrainingRun:
             state = {
                 name: _local(value).detach().cpu() for name, value in inner.state_dict().items()
             }
+            for name, parameter in inner.named_parameters():
+                partition = getattr(parameter, "ds_tensor", None)
+                if partition is not None:
+                    state[name] = partition.detach().cpu()
             temporary = "%s.tmp-%d" % (path, os.getpid())
             torch.save(state, temporary)
             os.replace(temporary, path)

@@ -6,7 +6,11 @@ than the shim's once-a-second progress reports), ``notes_slow.py`` about one
 step a second (each batch is slow to fetch). Whatever the speed, the JIT
 checkpoint must be at the step asked for (or the next), and with ``--compare``
 the resumed run must end bitwise equal to a run never preempted, with nothing
-asked of the script. One case runs the job as TrainJob ``node`` pods.
+asked of the script. One case runs the job as TrainJob ``node`` pods. A third
+script, ``reviews_zero.py``, is ``reviews_fast.py`` under DeepSpeed ZeRO-3 with
+periodic saves: its case checks what a DeepSpeed run adds (the JIT checkpoint
+streamed through ZeRO-3's double save, each node restoring its own rank's
+partitions and the shared files, the periodic saves said synchronous once).
 
 Each case is one real demo (three jobs with ``--compare``), so the cases are
 few and chosen to cover: 1 and 2 nodes, every pod or one preempted, both job
@@ -16,6 +20,7 @@ kinds, both speeds, and a run without ``--compare``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +32,7 @@ import pytest
 SCRIPTS = Path(__file__).with_name("scripts")
 FAST = SCRIPTS / "reviews_fast.py"  # 120 steps on 1 node, 60 on 2
 SLOW = SCRIPTS / "notes_slow.py"  # 12 steps on 1 node
+ZERO = SCRIPTS / "reviews_zero.py"  # FAST under DeepSpeed ZeRO-3, a checkpoint every 25 steps
 JITCKPT = Path(sys.executable).with_name("jitckpt")
 
 
@@ -39,6 +45,8 @@ class Case:
     kind: str = "pytorchjob"
     compare: bool = True
     nproc_per_node: int = 1
+    # What the script's own save_model() wrote after the resumed run, in node 0's directory.
+    final: str = "*-model/model.safetensors"
 
     @property
     def id(self) -> str:
@@ -57,11 +65,18 @@ class Case:
 
 
 CASES = [
-    Case(FAST, 2, "all", 23),
-    Case(FAST, 2, "one", 9, kind="trainjob"),
+    Case(FAST, 2, "all", 23, kind="trainjob"),
     Case(SLOW, 1, "all", 4),
     Case(FAST, 1, "all", 31, compare=False, nproc_per_node=2),
 ]
+# ZeRO-3 without gathered weights: save_model() writes DeepSpeed's checkpoint (60 steps).
+ZERO_CASE = Case(
+    ZERO,
+    2,
+    "one",
+    33,
+    final="reviews-zero-model/global_step60/zero_pp_rank_0_mp_rank_00_model_states.pt",
+)
 
 
 def run_demo(case: Case, workdir: Path) -> tuple[dict[str, Any], str]:
@@ -79,6 +94,54 @@ def run_demo(case: Case, workdir: Path) -> tuple[dict[str, Any], str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_unchanged_script_is_preempted_at_the_step_and_resumes(case: Case, tmp_path: Path) -> None:
     summary, account = run_demo(case, tmp_path / "demo")
+    check_preempted_and_resumed(case, summary, account, tmp_path)
+
+
+@pytest.mark.slow
+def test_hf_trainer_with_deepspeed_zero3_is_preempted_at_the_step_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """HF's Trainer under DeepSpeed ZeRO-3, two PyTorchJob pods (static rendezvous: the
+    sidecars know the layout), one preempted at step 33: the
+    JIT checkpoint through HF's own DeepSpeed save (which writes DeepSpeed's checkpoint twice,
+    streamed all the same), resumed through HF's own load, bitwise; periodic saves said
+    synchronous once; each node restored its own rank's partitions and the shared files."""
+    case = ZERO_CASE
+    summary, account = run_demo(case, tmp_path / "demo")
+    context = check_preempted_and_resumed(case, summary, account, tmp_path)
+    preempted = [
+        Path(log).read_text(errors="replace") for log in summary["trainer_logs"]["preempted"]
+    ]
+    sync = "periodic checkpoints are saved synchronously: DeepSpeed saves its sharded state itself"
+    assert all(text.count(sync) == 1 for text in preempted), context
+    assert "checkpoint-33 is handed over whole" not in preempted[0], context
+    assert "jit checkpoint-33 handed to the sidecar" in preempted[0], context
+    committed = byte_counts(summary["sidecar_logs"]["preempted"], COMMITTED)
+    restored = byte_counts(summary["sidecar_logs"]["resumed"], RESTORED)
+    for node in (0, 1):  # its own files, and the other node's but its rank's partitions
+        assert committed[node] < restored[node] < sum(committed), (committed, restored)
+    periodic = [
+        Path(log).read_text(errors="replace") for log in summary["sidecar_logs"]["preempted"]
+    ]
+    assert all("committed checkpoint-25 (periodic" in text for text in periodic), context
+
+
+COMMITTED = re.compile(r"committed checkpoint-33 \(jit, (\d+) bytes")
+RESTORED = re.compile(r"restored checkpoint-33 \((\d+) bytes\)")
+
+
+def byte_counts(logs: list[str], pattern: re.Pattern[str]) -> list[int]:
+    """What ``pattern`` finds in each node's sidecar log, node 0 first."""
+    found = [pattern.search(Path(log).read_text(errors="replace")) for log in logs]
+    assert all(found), logs
+    return [int(match[1]) for match in found if match]
+
+
+def check_preempted_and_resumed(
+    case: Case, summary: dict[str, Any], account: str, tmp_path: Path
+) -> str:
+    """What every case shows: preempted at its step, resumed from it, ended as asked
+    (bitwise equal with ``--compare``); returns the context for further assertions."""
     context = f"{case.id}: {summary}\n{account[-4000:]}"
     assert summary["ok"] is True, context
     assert summary["failed_checks"] == [], context
@@ -107,4 +170,5 @@ def test_unchanged_script_is_preempted_at_the_step_and_resumes(case: Case, tmp_p
     for log in summary["trainer_logs"]["resumed"]:
         assert Path(log).parent.name == container, log
     resumed_work = tmp_path / "demo" / "work" / "run-2" / "node-0"
-    assert list(resumed_work.glob("*-model/model.safetensors")), list(resumed_work.rglob("*"))
+    assert list(resumed_work.glob(case.final)), list(resumed_work.rglob("*"))
+    return context

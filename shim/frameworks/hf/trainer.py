@@ -40,13 +40,13 @@ import sys
 from types import ModuleType
 from typing import Any, Callable, List, Optional, Tuple
 
-from ... import asyncsave, claim, dist, final, watcher
+from ... import asyncsave, claim, dist, final, watcher, zerofiles
 from ...config import ShimConfig
 from ...layout import CHECKPOINT_PREFIX, step_of
 from ...log import failed, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
-from ...trainrun import TrainingRun
+from ...trainrun import LocalFiles, TrainingRun
 from . import data as hfdata
 from . import hidden as hfhidden
 from . import saves as hfsaves
@@ -136,7 +136,7 @@ class TrainerSession:
         if kind == KIND_PERIODIC and self.saves is not None and self.saves.pending(step):
             self.stage_written(block=False)  # being written: staged once every rank wrote it
             return
-        self.run.stage(self.checkpoint_dir(step), step, kind)
+        self.run.stage(self.checkpoint_dir(step), step, kind, local=self.local_files())
         if kind == KIND_JIT:
             self.run.exit_after_jit(*self.position())
 
@@ -172,6 +172,14 @@ class TrainerSession:
         ranks can agree (a normal end: every rank is here)."""
         if self.saves is not None:
             self.saves.finish(self._stage_periodic, normally)
+
+    def local_files(self) -> LocalFiles:
+        """Which of a checkpoint's files only this node's ranks read back: the ranks' ZeRO
+        partitions of a DeepSpeed run (``zerofiles``), else none."""
+        engine = getattr(self.trainer, "deepspeed", None)
+        if not getattr(self.trainer, "is_deepspeed_enabled", False) or engine is None:
+            return None
+        return zerofiles.marker(engine)
 
     def _stage_periodic(self, directory: str, step: int) -> None:
         """A checkpoint written behind the loop that every rank wrote (no collective)."""

@@ -60,8 +60,7 @@ class Reviews(torch.utils.data.Dataset):
         }
 
 
-def main():
-    set_seed(7)
+def build_model():
     config = BertConfig(
         vocab_size=2 + len(WORDS),
         hidden_size=32,
@@ -71,7 +70,12 @@ def main():
         max_position_embeddings=MAX_LENGTH,
         num_labels=2,
     )
-    model = BertForSequenceClassification(config)
+    return BertForSequenceClassification(config)
+
+
+def main():
+    set_seed(7)
+    model = build_model()
     args = TrainingArguments(
         output_dir="reviews-model",
         num_train_epochs=3,
