@@ -32,6 +32,7 @@ from tests.support.faultproxy import FaultProxy
 MODEL = {"model.bin": 64 * 1024, "trainer_state.json": 40}
 # What DeepSpeed ZeRO-3's save under HF writes twice.
 STATES = "global_step8/zero_pp_rank_0_mp_rank_00_model_states.pt"
+OPTIM = "global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 
 @pytest.fixture
@@ -59,12 +60,13 @@ def _read_up_to_here(agent: AgentProcess) -> None:
 def test_a_jit_checkpoint_handed_over_whole_on_a_new_connection_is_committed(
     agent: AgentProcess, session: ProcessSession, tmp_path: Path
 ) -> None:
-    """DeepSpeed ZeRO-3's JIT save under HF (issue 47). The trainer committed periodic
-    checkpoint-5 and streams JIT checkpoint-8; ZeRO-3 writes its model states twice, so
-    the shim stops streaming (its connection is reset: the sidecar drops what it held)
-    and hands the checkpoint over whole on a new connection, saying its ``hello`` there
-    first. That ``hello`` is the same process, which still holds its lease: no restore
-    begins, and the JIT checkpoint is taken and committed."""
+    """DeepSpeed ZeRO-3's JIT save under HF as it was first seen (issue 47). The trainer
+    committed periodic checkpoint-5 and streams JIT checkpoint-8; a save writes its model
+    states again, here with other bytes, so the shim stops streaming (its connection is
+    reset: the sidecar drops what it held) and hands the checkpoint over whole on a new
+    connection, saying its ``hello`` there first. That ``hello`` is the same process,
+    which still holds its lease: no restore begins, and the JIT checkpoint is taken and
+    committed."""
     session.hello("transformers")
     restored = agent.status()["restored"]
     out = tmp_path / "out"
@@ -78,8 +80,13 @@ def test_a_jit_checkpoint_handed_over_whole_on_a_new_connection_is_committed(
     states.write_bytes(os.urandom(4096))
     stream = Stream(session.link, str(jit), str(agent.staging), 8, "jit")
     stream.written(str(states))
+    optim = jit / OPTIM
+    stream.writing(str(optim))  # the save moves on: the model states are handed over
+    optim.write_bytes(os.urandom(4096))
+    stream.written(str(optim))
     assert stream.handed == [STATES] and not stream.broken
-    states.write_bytes(os.urandom(4096))  # the same file again
+    stream.writing(str(states))  # the same file again, with other bytes
+    states.write_bytes(os.urandom(4096))
     stream.written(str(states))
     assert stream.broken
     agent.wait_for(
