@@ -397,7 +397,8 @@ class TrainingRun:
             state = {
                 name: _local(value).detach().cpu() for name, value in inner.state_dict().items()
             }
-            for name, parameter in inner.named_parameters():
+            named = getattr(inner, "named_parameters", None)  # a gathered state has none
+            for name, parameter in named() if callable(named) else ():
                 partition = getattr(parameter, "ds_tensor", None)
                 if partition is not None:
                     state[name] = partition.detach().cpu()
