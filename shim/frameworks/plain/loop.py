@@ -25,6 +25,7 @@ integration (HF's Trainer, Lightning) claimed is left to that integration.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import itertools
 import os
@@ -147,6 +148,7 @@ class PlainLoop:
         register_optimizer_step_post_hook(self._on_step)
         self._forward = register_module_forward_pre_hook(self._on_forward)
         loopstate.OPTIMIZERS.listener = self._on_optimizer
+        _before_destroy(torch, self._settle_before_destroy)
 
     def _remove_forward_hook(self) -> None:
         if self._forward is not None:
@@ -194,6 +196,18 @@ class PlainLoop:
             if key not in self._baselines and is_program_file(code.co_filename):
                 self._baselines[key] = books.fingerprints(frame)
             frame = frame.f_back
+
+    def _settle_before_destroy(self) -> None:
+        """The program ends its process groups: the periodic save in flight is completed and
+        staged first, while the group its writes use lives (a write the program's
+        ``destroy_process_group`` cut failed on one rank, and a rank killed by it left the
+        other waiting at exit)."""
+        if self.periodic is None or os.getpid() != self.pid:
+            return
+        try:
+            self.periodic.settle(self._commit_periodic, block=True)
+        except Exception as exc:
+            failed("completing the periodic checkpoint before the process group ends", exc)
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.state == OFF or os.getpid() != self.pid or shardedstate.Busy.active:
@@ -976,6 +990,29 @@ def _framework_on_stack() -> Optional[str]:
             return name
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def _before_destroy(torch: Any, settle: Any) -> None:
+    """Run ``settle`` before the program destroys its default process group."""
+    distributed = getattr(torch, "distributed", None)  # a torch built without it has none
+    for module in (distributed, getattr(distributed, "distributed_c10d", None)):
+        if module is None:
+            continue
+        original = getattr(module, "destroy_process_group", None)
+        if not callable(original) or getattr(original, "_jitckpt_patched", False):
+            continue
+
+        def make(destroy: Any) -> Any:
+            @functools.wraps(destroy)
+            def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+                if kwargs.get("group", args[0] if args else None) is None:
+                    settle()
+                return destroy(*args, **kwargs)
+
+            destroy_process_group._jitckpt_patched = True  # type: ignore[attr-defined]
+            return destroy_process_group
+
+        module.destroy_process_group = make(original)
 
 
 def _key(identity: Dict[str, Any]) -> Tuple[Any, ...]:
