@@ -10,12 +10,20 @@ them when the ZeRO config makes every rank read every rank's.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
+import torch
 
-from tests.shim.support import PYTHON, REPO, ShimEnv
+from tests.shim.support import PYTHON, REPO, TORCHRUN, ShimEnv, Spawn, checkpoint_steps
+
+DS_LOOP = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_deepspeed.py"
+ACCELERATE_LOOP = DS_LOOP.with_name("loop_accelerate_zero.py")
+HOLD = "JITCKPT_DEMO_HOLD_AT_STEP"
+STEP = 5
 
 LOOP = """
 import json, os, sys
@@ -66,22 +74,50 @@ def run_loop(shim_env: ShimEnv, stage: int, elastic: bool) -> subprocess.Complet
     )
 
 
+def deepspeed_loop(output: Path, stage: int) -> list[str]:
+    command = [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(DS_LOOP)]
+    return [*command, "--zero-stage", str(stage), "--epochs", "2", "--save-model", str(output)]
+
+
+def accelerate_loop(output: Path, stage: int) -> list[str]:
+    command = [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(ACCELERATE_LOOP)]
+    return [*command, "--zero-stage", str(stage), "--epochs", "2", "--output", str(output)]
+
+
 @pytest.mark.slow
-def test_a_deepspeed_loop_is_named_and_its_ranks_partitions_are_node_local(
-    shim_env: ShimEnv,
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_deepspeed_loop_is_saved_by_its_engine_at_the_step_and_resumed_bitwise(
+    stage: int, shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
-    done = run_loop(shim_env, 3, elastic=False)
-    said = [line for line in done.stderr.splitlines() if "cannot be resumed exactly" in line]
-    assert len(said) == 1, done.stderr[-3000:]
-    assert "DeepSpeed's engine steps its optimizer (ZeRO stage 3)" in said[0]
-    assert "no module the shim saw" not in said[0]
-    marks = json.loads(done.stdout.splitlines()[-1])
-    own = {name for name, local in marks.items() if local}
-    assert own == {
-        "global_step3/zero_pp_rank_0_mp_rank_00_model_states.pt",
-        "global_step3/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-    }, marks
-    assert "latest" in marks
+    """2 ranks: SIGTERM at step 5 (two parameter groups: one engine step, two optimizer
+    steps), the JIT checkpoint by the engine's own save_checkpoint, each rank's ZeRO
+    partitions and rank file its own, the resume by its load_checkpoint: bitwise."""
+    reference = spawn(
+        deepspeed_loop(tmp_path / "reference.pt", stage), shim_env.ranks_without_shim()
+    )
+    cut = spawn(deepspeed_loop(tmp_path / "cut.pt", stage), {**shim_env.env, HOLD: str(STEP)})
+    cut.wait_for(f"holding at step {STEP} ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert reference.wait(timeout=240) == 0, reference.output()[-3000:]
+    output = cut.output()
+    assert f"DeepSpeed (ZeRO stage {stage}): the engine's state saved" in output, output[-3000:]
+    assert checkpoint_steps(shim_env.checkpoints) == [STEP]
+    engine = shim_env.checkpoints / f"checkpoint-{STEP}" / "loop-state" / "deepspeed" / "engine-0"
+    names = sorted(p.name for p in (engine / f"global_step{STEP}").iterdir())
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in names, names
+    assert not (engine / "latest").exists()
+
+    resumed = spawn(deepspeed_loop(tmp_path / "resumed.pt", stage), shim_env.env)
+    assert resumed.wait(timeout=240) == 0, resumed.output()[-3000:]
+    output = resumed.output()
+    assert output.count(f"resumed at step {STEP}:") == 2, output[-3000:]
+    assert output.count("with its engine's load_checkpoint") == 2, output[-3000:]
+    left = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    right = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert left["books"] == right["books"], (left["books"], right["books"])
+    model = right["model"]
+    assert [k for k in model if not torch.equal(left["model"][k], model[k])] == []
 
 
 @pytest.mark.slow
@@ -92,3 +128,30 @@ def test_with_elastic_checkpoints_every_rank_reads_every_partition_so_none_is_no
     assert "global_step3/zero_pp_rank_0_mp_rank_00_optim_states.pt" in marks
     assert "global_step3/mp_rank_00_model_states.pt" in marks
     assert not any(marks.values()), marks
+
+
+@pytest.mark.slow
+def test_an_accelerate_loop_under_zero3_is_saved_by_its_engine_and_resumed_bitwise(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Accelerate's ``DeepSpeedPlugin(zero_stage=3)``: the engine ``prepare`` made saves and
+    loads the partitioned weights; the tracker registered for checkpointing and the noise
+    drawn from torch's generator resume with the loop."""
+    reference = spawn(accelerate_loop(tmp_path / "reference.pt", 3), shim_env.ranks_without_shim())
+    cut = spawn(accelerate_loop(tmp_path / "cut.pt", 3), {**shim_env.env, HOLD: str(STEP)})
+    cut.wait_for(f"holding at step {STEP} ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert reference.wait(timeout=240) == 0, reference.output()[-3000:]
+    assert "DeepSpeed (ZeRO stage 3): the engine's state saved" in cut.output()
+
+    resumed = spawn(accelerate_loop(tmp_path / "resumed.pt", 3), shim_env.env)
+    assert resumed.wait(timeout=240) == 0, resumed.output()[-3000:]
+    output = resumed.output()
+    assert output.count(f"resumed at step {STEP}:") == 2, output[-3000:]
+    assert "1 registered object(s)" in output, output[-3000:]
+    left = torch.load(tmp_path / "resumed.pt", weights_only=True)
+    right = torch.load(tmp_path / "reference.pt", weights_only=True)
+    assert left["metrics"] == right["metrics"]
+    model = right["model"]
+    assert [k for k in model if not torch.equal(left["model"][k], model[k])] == []

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from ... import claim, dataloaders, dist, finalsaves, pids, rngstate, watcher
 from ...checkpoints import newest_checkpoint
@@ -46,11 +46,11 @@ from ...log import failed, say, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
+from ..deepspeed import engines as dsengines
 from ..fabric import strategies as fabric
 from . import (
     books,
     bookvalues,
-    dsengine,
     extrastate,
     headwatch,
     iterslots,
@@ -121,6 +121,11 @@ class PlainLoop:
         self.pid = os.getpid()  # forked DataLoader workers inherit the hooks, never act on them
         self._forward: Optional[Any] = None  # the first-forward hook, while it is needed
         self.sharded = False  # the training module is sharded (FSDP2): saved with DCP
+        # DeepSpeed's engines, which save and load their state themselves (``dsengines``),
+        # and the engine step the last optimizer step they made belongs to.
+        self.engines: List[Any] = []
+        self._engine_step: Optional[Tuple[int, int]] = None
+        self._engines_pending: Optional[int] = None  # the step whose engine state is not read
         self._agreed = False  # the ranks agreed on the step a sharded module resumes from
         self.periodic: Optional[shardedsaves.PeriodicSaves] = None  # save-steps, when sharded
         self.periodic_pending = False
@@ -160,13 +165,19 @@ class PlainLoop:
             return
         try:
             self._prepare()
-            everyone = shardedstate.is_fsdp2(module)  # a sharded forward pass is collective
+            # A sharded module's or a DeepSpeed engine's forward pass is collective.
+            engine = dsengines.is_engine(module)
+            everyone = engine or shardedstate.is_fsdp2(module)
             if everyone and not self._agreed and self.state != OFF:
                 self._agree_sharded()
             if self.resume is not None and not self.resume.early:
                 self._early_restore(everyone)
-            if (self.resume is None or self.resume.early) and (
-                self._agreed or not shardedstate.any_fsdp2(loopstate.MODULES.alive())
+            if engine and self._engines_pending is not None:
+                self._load_engines(dsengines.of(loopstate.MODULES.alive()))
+            if (
+                (self.resume is None or self.resume.early)
+                and self._engines_pending is None
+                and (self._agreed or not _collective(loopstate.MODULES.alive()))
             ):
                 self._remove_forward_hook()
         except Exception as exc:
@@ -287,8 +298,16 @@ class PlainLoop:
                 return None, None
             reason = loopstate.unusable(saved, step, source, old)
             reason = reason or replicated.gather(directory, saved)
+            engine_entries = loopstate.saved_by_engines(saved)
+            if reason is None and engine_entries:
+                reason = dsengines.missing(directory, step, engine_entries, rank)
             if reason is not None or old == world:
                 return saved, reason
+            if engine_entries:
+                return saved, (
+                    "it was written by %d processes, this job has %d: DeepSpeed's engine "
+                    "reads its partitions on the layout that wrote them" % (old, world)
+                )
             reason, notes = reshard.adapt(saved, old, world, rank)
         except Exception as exc:  # a torn or foreign file: never trusted, never raised
             return None, "its state cannot be read: %s: %s" % (type(exc).__name__, exc)
@@ -377,6 +396,25 @@ class PlainLoop:
         if not keep:
             self.resume.loaded = None
 
+    def _engines_at(self, resume: Resume) -> None:
+        """The resume point of a loop whose DeepSpeed engines saved their state: it is read
+        at their first forward pass, where every rank is (``_load_engines``)."""
+        if loopstate.saved_by_engines(resume.saved):
+            self._engines_pending = resume.step
+
+    def _load_engines(self, engines: List[Any]) -> None:
+        """Every DeepSpeed engine's state, by its own ``load_checkpoint`` (collective: at the
+        first forward pass of an engine, once the ranks agreed on the step)."""
+        step = self._engines_pending
+        assert step is not None and self.run is not None
+        self._engines_pending = None
+        directory = self.run.checkpoint_path(step)
+        try:
+            dsengines.load(directory, step, engines)
+        except Exception as exc:
+            self._fatal("DeepSpeed's load_checkpoint failed (%s: %s)" % (type(exc).__name__, exc))
+        say("read DeepSpeed's state of %s with its engine's load_checkpoint" % directory)
+
     def cannot_resume(self, reason: str) -> None:
         """The checkpoint does not fit this program: start over, or stop if it is too late."""
         if self.resume is None:
@@ -434,6 +472,7 @@ class PlainLoop:
             reason = self._load_sharded(objects, reason, "at the resume point")
         if reason is not None:
             self._fatal(reason)
+        self._engines_at(resume)
         self._put_back = loopstate.apply(resume.saved, objects, complete=True)
         if sharded:
             self._apply_sharded(objects, keep=False)
@@ -461,7 +500,8 @@ class PlainLoop:
         counts = [len(resume.saved[key]) for key in ("others", "objects", "registered")]
         record = resume.saved.get("books")
         resume.saved = {}
-        self._remove_forward_hook()
+        if self._engines_pending is None:
+            self._remove_forward_hook()
         variables = ""
         if record is not None:
             variables = "; the loop's own variables put back: %d, and %d object(s)' attributes" % (
@@ -503,6 +543,7 @@ class PlainLoop:
             if reason is not None:
                 self.cannot_resume(reason)
                 return
+            self._engines_at(resume)
             record = resume.saved["books"]
             self._put_back = loopstate.apply(resume.saved, objects, complete=True)
             rngstate.restore(resume.saved["rng"])
@@ -572,6 +613,11 @@ class PlainLoop:
         if optimizer is not lead:
             self.others[id(optimizer)] = self.others.get(id(optimizer), 0) + 1
             return
+        if self.engines:  # one engine step may step its optimizer once per parameter group
+            mark = dsengines.step_mark(optimizer, self.engines)
+            if mark is not None and mark == self._engine_step:
+                return
+            self._engine_step = mark
         if self.resume is not None and not self.resume.done:
             self._fatal("an optimizer step came before the place the checkpoint was written at")
         problem = self._problem_at_step()
@@ -617,19 +663,20 @@ class PlainLoop:
         if low != high:
             self._fatal("the ranks resumed different steps (%d to %d)" % (low, high))
         objects = loopstate.Objects()
-        problem = dsengine.problem()
+        problem = fabric.problem() or dsengines.problem(objects.engines)
         if problem is None and objects.uncovered():
             problem = (
                 "an optimizer holds parameters of no module the shim saw being built (a bare "
                 "tensor, or a module built before torch's import), so it cannot tell what to save"
             )
-        elif problem is None:
+        elif problem is None and not objects.engines:
             accelerate = any(r.alive() for r in extrastate.ACCELERATORS)
-            problem = fabric.problem() or shardedstate.problem(objects.modules, accelerate)
+            problem = shardedstate.problem(objects.modules, accelerate)
         if dist.all_reduce_int(1 if problem else 0, maximum=True):
             self._off(problem or "another rank cannot follow it")
             return
-        self.sharded = shardedstate.sharded_class(objects.modules) is not None
+        self.engines = objects.engines
+        self.sharded = not self.engines and shardedstate.sharded_class(objects.modules) is not None
         every = self.config.save_steps
         if self.sharded and every is not None and every >= 1:
             self.periodic = shardedsaves.PeriodicSaves(int(every))
@@ -653,7 +700,7 @@ class PlainLoop:
             "following this training loop: %d module(s), %d optimizer(s), %d LR scheduler(s), "
             "%d grad scaler(s), %d registered object(s), and %d other module(s) and %d "
             "object(s) of the program's with a state (saved if training changes them); "
-            "SIGTERM saves at the next step%s"
+            "SIGTERM saves at the next step%s%s"
             % (
                 len(objects.modules),
                 len(objects.optimizers),
@@ -662,6 +709,7 @@ class PlainLoop:
                 len(objects.registered),
                 *self.extra.count(),
                 fabric.described(),
+                "; %s" % dsengines.described(self.engines) if self.engines else "",
             ),
         )
 
@@ -738,7 +786,7 @@ class PlainLoop:
         payload = loopstate.collect(
             objects, self.step, ranks["rank"], ranks["world_size"], sharded=self.sharded
         )
-        if not self.sharded and ranks["world_size"] > 1:
+        if not self.sharded and not self.engines and ranks["world_size"] > 1:
             payload = replicated.spread(directory, payload, ranks["rank"], ranks["world_size"])
         payload["rng"] = rngstate.capture()
         payload["loaders"] = objects.loaders
@@ -805,14 +853,14 @@ class PlainLoop:
         directory: str,
         step: int,
         kind: str,
-        dcp_own: Optional[FrozenSet[str]] = None,
+        local: Optional[Callable[[str], bool]] = None,
         written: bool = False,
     ) -> None:
         """Every rank wrote its files: each node's mark, then staged (collective, unless
         every rank's result already said so: ``written``, as ``TrainingRun.stage``).
 
-        ``dcp_own``: a sharded loop's DCP files only their writer reads (``nodelocal``);
-        None for a loop that is not sharded, whose files stay unmarked.
+        ``local``: whether a staged file is read by this node's ranks only (``nodelocal``);
+        None where every file stays unmarked.
         """
         assert self.run is not None
         if not written:
@@ -820,11 +868,10 @@ class PlainLoop:
         ranks = dist.ranks()
         if ranks["local_rank"] == 0:
             loopstate.write_marker(directory, ranks["node_rank"], step, ranks["world_size"])
-        local = None if dcp_own is None else nodelocal.marker(dcp_own)
         self.run.stage(directory, step, kind, local, written)
 
     def _commit_periodic(self, directory: str, step: int, dcp_own: FrozenSet[str]) -> None:
-        self._commit(directory, step, KIND_PERIODIC, dcp_own, written=True)
+        self._commit(directory, step, KIND_PERIODIC, nodelocal.marker(dcp_own), written=True)
 
     def _write_and_exit(self, objects: loopstate.Objects, place: Place) -> None:
         assert self.run is not None
@@ -834,10 +881,15 @@ class PlainLoop:
         directory = self.run.checkpoint_path(step)
         spread = self._write_rank_file(directory, objects, place)
         # Spread: each rank file is its rank's own (``nodelocal``); the shares are everyone's.
-        dcp_own: Optional[FrozenSet[str]] = frozenset() if spread else None
+        local = nodelocal.marker(frozenset()) if spread else None
         if self.sharded:
-            dcp_own = shardedstate.save(directory, objects.modules[0], objects.optimizers)
-        self._commit(directory, step, KIND_JIT, dcp_own)
+            local = nodelocal.marker(
+                shardedstate.save(directory, objects.modules[0], objects.optimizers)
+            )
+        elif objects.engines:
+            dsengines.save(directory, step, objects.engines)
+            local = _either(nodelocal.marker(frozenset()), dsengines.local(objects.engines))
+        self._commit(directory, step, KIND_JIT, local)
         dataloaders.TRACKER.shutdown_workers()
         self.run.exit_after_jit(step, 0, self.epoch)
 
@@ -1013,6 +1065,20 @@ def _before_destroy(torch: Any, settle: Any) -> None:
             return destroy_process_group
 
         module.destroy_process_group = make(original)
+
+
+def _either(
+    first: Callable[[str], bool], second: Optional[Callable[[str], bool]]
+) -> Callable[[str], bool]:
+    """A file is node-local when either marker says so."""
+    if second is None:
+        return first
+    return lambda name: first(name) or second(name)
+
+
+def _collective(modules: List[Any]) -> bool:
+    """Whether a forward pass of one of these modules is made by every rank at once."""
+    return shardedstate.any_fsdp2(modules) or bool(dsengines.of(modules))
 
 
 def _key(identity: Dict[str, Any]) -> Tuple[Any, ...]:

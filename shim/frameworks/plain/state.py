@@ -25,11 +25,15 @@ Format 2, inside ``checkpoint-<step>/``:
 - ``loop-state/node-<K>.json``, written by node K's local rank 0 once every
   rank of the node wrote its file: the mark that the node's part is complete.
 
-Every rank saves its whole state; with DDP that is one copy of the model per
-rank (simple, and any rank restores from its own file alone). A training
-module sharded with FSDP2 is the exception: it and its optimizers are saved
-with DCP into ``loop-state/dcp/`` (``shardedstate``), and the rank files say
-so (``"sharded": "dcp"``).
+Every rank collects its whole state; under DDP, where every rank holds the
+same model and optimizer, those are written once for the job, spread over
+the ranks (``replicated``). Two kinds of training module are saved another
+way, and their entries hold only what checks that a checkpoint fits them: a
+module sharded with FSDP2, saved with its optimizers with DCP into
+``loop-state/dcp/`` (``shardedstate``; the rank files say ``"sharded":
+"dcp"``), and a DeepSpeed engine, saved by its own ``save_checkpoint`` into
+``loop-state/deepspeed/`` (``frameworks/deepspeed``; its entry has a
+``"deepspeed"`` key, and the optimizers it steps are none of the loop's).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from ..deepspeed import engines as dsengines
 from . import extrastate, programstate, shardedstate
 from .created import Created, note_copies, note_instances
 
@@ -91,9 +96,15 @@ class Objects:
     """The training objects alive in this process now."""
 
     def __init__(self, selection: Optional[extrastate.Selection] = None) -> None:
-        self.optimizers = innermost(OPTIMIZERS.alive())
         self.all_modules = MODULES.alive()
-        self.modules = training_modules(self.all_modules, self.optimizers)
+        # DeepSpeed's engines save and load their modules and optimizers themselves: they
+        # are training modules, and their optimizers are none of the loop's.
+        self.engines = dsengines.of(self.all_modules)
+        owned = dsengines.owned(self.engines)
+        self.optimizers = [o for o in innermost(OPTIMIZERS.alive()) if id(o) not in owned]
+        inside = dsengines.inside(self.engines)
+        plain = [m for m in self.all_modules if id(m) not in inside]
+        self.modules = self.engines + training_modules(plain, self.optimizers)
         self.schedulers = SCHEDULERS.alive()
         self.scalers = SCALERS.alive()
         self.registered = extrastate.registered_objects()
@@ -249,7 +260,7 @@ def collect(
         modules = [shardedstate.module_entry(m) for m in objects.modules]
         optimizers = [shardedstate.optimizer_entry(o) for o in objects.optimizers]
     else:
-        modules = [{"class": type(m).__name__, "state": m.state_dict()} for m in objects.modules]
+        modules = [_module_entry(m) for m in objects.modules]
         optimizers = _entries(objects.optimizers)
     return {
         "format": FORMAT,
@@ -265,6 +276,17 @@ def collect(
         "objects": _keyed_entries(selection.objects),
         "registered": _entries(objects.registered),
     }
+
+
+def _module_entry(module: Any) -> Dict[str, Any]:
+    if dsengines.is_engine(module):  # its state is written by its own save_checkpoint
+        return dsengines.entry(module)
+    return {"class": type(module).__name__, "state": module.state_dict()}
+
+
+def saved_by_engines(saved: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The saved training modules whose state a DeepSpeed engine wrote (``dsengines``)."""
+    return [entry for entry in saved["modules"] if dsengines.ENTRY_KEY in entry]
 
 
 def _save(payload: Any, path: str) -> None:
@@ -362,7 +384,11 @@ def mismatch(saved: Dict[str, Any], objects: Objects, complete: bool) -> Optiona
                     entry["class"],
                 )
     for index, (entry, module) in enumerate(zip(saved["modules"], objects.modules)):
-        if _entry_shapes(entry) != _shapes(module):
+        if dsengines.ENTRY_KEY in entry or dsengines.is_engine(module):
+            reason = dsengines.mismatch(entry, module)
+            if reason is not None:
+                return "training module #%d: %s" % (index, reason)
+        elif _entry_shapes(entry) != _shapes(module):
             return "training module #%d (%s) has other parameters or shapes" % (
                 index,
                 entry["class"],
@@ -408,7 +434,8 @@ def apply(saved: Dict[str, Any], objects: Objects, complete: bool) -> List[Any]:
     """
     if not shardedstate.saved_with_dcp(saved):
         for entry, module in zip(saved["modules"], objects.modules):
-            module.load_state_dict(entry["state"])
+            if dsengines.ENTRY_KEY not in entry:  # an engine's: its own load_checkpoint
+                module.load_state_dict(entry["state"])
         for entry, optimizer in zip(saved["optimizers"], objects.optimizers):
             optimizer.load_state_dict(entry["state"])
     for entry, scheduler in zip(saved["schedulers"], objects.schedulers):
