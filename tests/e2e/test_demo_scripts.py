@@ -33,6 +33,7 @@ SCRIPTS = Path(__file__).with_name("scripts")
 FAST = SCRIPTS / "reviews_fast.py"  # 120 steps on 1 node, 60 on 2
 SLOW = SCRIPTS / "notes_slow.py"  # 12 steps on 1 node
 ZERO = SCRIPTS / "reviews_zero.py"  # FAST under DeepSpeed ZeRO-3, a checkpoint every 25 steps
+ZERO2 = SCRIPTS / "reviews_zero2.py"  # the same under ZeRO-2
 JITCKPT = Path(sys.executable).with_name("jitckpt")
 
 
@@ -69,14 +70,18 @@ CASES = [
     Case(SLOW, 1, "all", 4),
     Case(FAST, 1, "all", 31, compare=False, nproc_per_node=2),
 ]
-# ZeRO-3 without gathered weights: save_model() writes DeepSpeed's checkpoint (60 steps).
-ZERO_CASE = Case(
-    ZERO,
-    2,
-    "one",
-    33,
-    final="reviews-zero-model/global_step60/zero_pp_rank_0_mp_rank_00_model_states.pt",
-)
+ZERO_CASES = [
+    # ZeRO-3 without gathered weights: save_model() writes DeepSpeed's checkpoint (60 steps).
+    Case(
+        ZERO,
+        2,
+        "one",
+        33,
+        final="reviews-zero-model/global_step60/zero_pp_rank_0_mp_rank_00_model_states.pt",
+    ),
+    # ZeRO-2: every rank holds the whole weights, save_model() writes them.
+    Case(ZERO2, 2, "one", 33, final="reviews-zero-model/model.safetensors"),
+]
 
 
 def run_demo(case: Case, workdir: Path) -> tuple[dict[str, Any], str]:
@@ -98,17 +103,19 @@ def test_unchanged_script_is_preempted_at_the_step_and_resumes(case: Case, tmp_p
 
 
 @pytest.mark.slow
-def test_hf_trainer_with_deepspeed_zero3_is_preempted_at_the_step_and_resumes(
-    tmp_path: Path,
+@pytest.mark.parametrize("case", ZERO_CASES, ids=["zero3", "zero2"])
+def test_hf_trainer_with_deepspeed_zero_is_preempted_at_the_step_and_resumes(
+    case: Case, tmp_path: Path
 ) -> None:
-    """HF's Trainer under DeepSpeed ZeRO-3, two PyTorchJob pods (static rendezvous: the
-    sidecars know the layout), one preempted at step 33: the
-    JIT checkpoint through HF's own DeepSpeed save (which writes DeepSpeed's checkpoint twice,
-    streamed all the same), resumed through HF's own load, bitwise; periodic saves said
-    synchronous once; each node restored its own rank's partitions and the shared files."""
-    case = ZERO_CASE
+    """HF's Trainer under DeepSpeed ZeRO-3 and ZeRO-2, two PyTorchJob pods (static
+    rendezvous: the sidecars know the layout), one preempted at step 33: the JIT checkpoint
+    through HF's own DeepSpeed save (ZeRO-3's writes DeepSpeed's checkpoint twice, streamed
+    all the same), resumed through HF's own load, bitwise, and the script's final
+    save_model() equal; periodic saves said synchronous once; each node restored its own
+    rank's partitions and the shared files."""
     summary, account = run_demo(case, tmp_path / "demo")
     context = check_preempted_and_resumed(case, summary, account, tmp_path)
+    assert summary["saved_output"]["equal"] is True, context  # save_model()'s files
     preempted = [
         Path(log).read_text(errors="replace") for log in summary["trainer_logs"]["preempted"]
     ]

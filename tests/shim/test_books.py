@@ -24,7 +24,8 @@ import pytest
 import torch
 import tqdm
 
-from shim.frameworks.plain import books, bookvalues, loopframe
+from shim import dataloaders
+from shim.frameworks.plain import books, bookvalues, loopframe, programstate
 
 Hook = Callable[[Any], None] | None
 
@@ -460,3 +461,12 @@ def test_a_tampered_record_writes_nothing(tmp_path: Path) -> None:
         counter_loop(8, resume, at=2)
         assert seen["done"] is not None, case
         assert seen["same"], case
+
+
+def test_the_shim_s_own_code_is_never_the_program_s_loop() -> None:
+    """The data loaders' wrapper (``dataloaders``, in the shim's core) runs a loop around
+    every batch request of a prepared Accelerate loader: its frame must never be taken for
+    the program's, whose variables would be saved and written back there."""
+    assert not programstate.is_program_file(dataloaders.__file__)
+    assert not programstate.is_program_file(books.__file__)
+    assert programstate.is_program_file(__file__)

@@ -117,6 +117,8 @@ class Encoder:
 
     def _torch(self, torch: Any, value: Any) -> Optional[Any]:
         if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.nn.Parameter):
+                raise Unsaveable("a module's parameter (saved with its module)")
             if type(value) is not torch.Tensor:
                 raise Unsaveable("a %s" % type(value).__name__)
             if value.numel() and storage_pointer(value) in self.guarded:

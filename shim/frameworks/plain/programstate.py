@@ -33,7 +33,9 @@ from .created import Created, note_instances
 
 OBJECTS = Created()
 UNORDERED: Set[type] = set()  # the program's stateful classes without an ``__init__`` of their own
-_SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
+# The shim's own package (this file is ``frameworks/plain/`` in it): its code, the data
+# loaders' wrappers included, is never the program's.
+_SHIM_DIR = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 _PROGRAM_FILE: Dict[str, bool] = {}
 _INSTALLED: List[bool] = []
 _LIBRARY_DIRS: List[Tuple[str, ...]] = []

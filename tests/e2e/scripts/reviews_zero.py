@@ -17,9 +17,9 @@ from reviews_fast import Reviews, build_model
 from transformers import Trainer, TrainingArguments, set_seed
 
 
-def main():
+def main(stage=3):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--zero-stage", type=int, default=3)
+    parser.add_argument("--zero-stage", type=int, default=stage)
     options = parser.parse_args()
     set_seed(7)
     model = build_model()
