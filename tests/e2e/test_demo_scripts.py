@@ -71,16 +71,16 @@ CASES = [
     Case(FAST, 1, "all", 31, compare=False, nproc_per_node=2),
 ]
 ZERO_CASES = [
-    # ZeRO-3 without gathered weights: save_model() writes DeepSpeed's checkpoint (60 steps).
+    # ZeRO-3 without gathered weights: save_model() writes DeepSpeed's checkpoint (40 steps).
     Case(
         ZERO,
         2,
         "one",
-        33,
-        final="reviews-zero-model/global_step60/zero_pp_rank_0_mp_rank_00_model_states.pt",
+        29,
+        final="reviews-zero-model/global_step40/zero_pp_rank_0_mp_rank_00_model_states.pt",
     ),
     # ZeRO-2: every rank holds the whole weights, save_model() writes them.
-    Case(ZERO2, 2, "one", 33, final="reviews-zero-model/model.safetensors"),
+    Case(ZERO2, 2, "one", 29, final="reviews-zero-model/model.safetensors"),
 ]
 
 
@@ -108,7 +108,7 @@ def test_hf_trainer_with_deepspeed_zero_is_preempted_at_the_step_and_resumes(
     case: Case, tmp_path: Path
 ) -> None:
     """HF's Trainer under DeepSpeed ZeRO-3 and ZeRO-2, two PyTorchJob pods (static
-    rendezvous: the sidecars know the layout), one preempted at step 33: the JIT checkpoint
+    rendezvous: the sidecars know the layout), one preempted at step 29: the JIT checkpoint
     through HF's own DeepSpeed save (ZeRO-3's writes DeepSpeed's checkpoint twice, streamed
     all the same), resumed through HF's own load, bitwise, and the script's final
     save_model() equal; periodic saves said synchronous once; each node restored its own
@@ -121,10 +121,10 @@ def test_hf_trainer_with_deepspeed_zero_is_preempted_at_the_step_and_resumes(
     ]
     sync = "periodic checkpoints are saved synchronously: DeepSpeed saves its sharded state itself"
     assert all(text.count(sync) == 1 for text in preempted), context
-    assert "checkpoint-33 is handed over whole" not in preempted[0], context
-    assert "jit checkpoint-33 handed to the sidecar" in preempted[0], context
-    committed = byte_counts(summary["sidecar_logs"]["preempted"], COMMITTED)
-    restored = byte_counts(summary["sidecar_logs"]["resumed"], RESTORED)
+    assert f"checkpoint-{case.step} is handed over whole" not in preempted[0], context
+    assert f"jit checkpoint-{case.step} handed to the sidecar" in preempted[0], context
+    committed = byte_counts(summary["sidecar_logs"]["preempted"], committed_bytes(case.step))
+    restored = byte_counts(summary["sidecar_logs"]["resumed"], restored_bytes(case.step))
     for node in (0, 1):  # its own files, and the other node's but its rank's partitions
         assert committed[node] < restored[node] < sum(committed), (committed, restored)
     periodic = [
@@ -133,8 +133,12 @@ def test_hf_trainer_with_deepspeed_zero_is_preempted_at_the_step_and_resumes(
     assert all("committed checkpoint-25 (periodic" in text for text in periodic), context
 
 
-COMMITTED = re.compile(r"committed checkpoint-33 \(jit, (\d+) bytes")
-RESTORED = re.compile(r"restored checkpoint-33 \((\d+) bytes\)")
+def committed_bytes(step: int) -> re.Pattern[str]:
+    return re.compile(rf"committed checkpoint-{step} \(jit, (\d+) bytes")
+
+
+def restored_bytes(step: int) -> re.Pattern[str]:
+    return re.compile(rf"restored checkpoint-{step} \((\d+) bytes\)")
 
 
 def byte_counts(logs: list[str], pattern: re.Pattern[str]) -> list[int]:
