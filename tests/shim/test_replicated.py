@@ -146,3 +146,65 @@ def test_a_large_state_is_spread_over_ranks_of_every_node_in_shares_that_do_not_
     # A small state is one share; a job of one rank writes it all.
     assert set(owners([Sized(1)] * 3, world=16)) == {0}
     assert set(owners(tensors, world=1)) == {0}
+
+
+# Two ranks that train models of their own (no DDP: an ensemble, each on its own data):
+# their states differ, so neither may stand for the other's.
+NOT_REPLICAS = """
+import sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+features = torch.randn(64, 8)
+labels = (features.sum(dim=1) > 0).long()
+loader = DataLoader(TensorDataset(features, labels), batch_size=8, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+torch.save(model.state_dict(), "%s-%d.pt" % (sys.argv[1], rank))
+dist.destroy_process_group()
+"""
+
+
+def ensemble(output: Path) -> list[str]:
+    script = output.parent / "ensemble.py"
+    script.write_text(NOT_REPLICAS)
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), str(output)]
+
+
+@pytest.mark.slow
+def test_ranks_whose_state_differs_are_said_and_each_resumes_its_own(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Not data-parallel replicas: the digests differ at the checkpoint, which says so once;
+    no share is written, each rank file keeps its own state, and each rank resumes its own
+    (bitwise), never the other's."""
+    reference = spawn(ensemble(tmp_path / "reference"), shim_env.ranks_without_shim())
+    cut = spawn(ensemble(tmp_path / "cut"), {**shim_env.env, HOLD: str(STEP)})
+    cut.wait_for(f"holding at step {STEP} ", timeout=240)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert reference.wait(timeout=240) == 0, reference.output()[-3000:]
+    said = "are not the same (not data-parallel replicas): each rank's checkpoint file holds"
+    assert cut.output().count(said) == 2, cut.output()[-3000:]  # once a rank
+    state = shim_env.checkpoints / f"checkpoint-{STEP}" / "loop-state"
+    assert not list(state.glob("replicated-*.pt"))
+    ranks = [torch.load(state / f"rank-{r:05d}.pt", weights_only=True) for r in (0, 1)]
+    assert all(replicated.KEY not in saved and state_bytes(saved) > 0 for saved in ranks)
+
+    resumed = spawn(ensemble(tmp_path / "resumed"), shim_env.env)
+    assert resumed.wait(timeout=240) == 0, resumed.output()[-3000:]
+    assert resumed.output().count(f"resumed at step {STEP}:") == 2
+    for rank in (0, 1):
+        left = torch.load(tmp_path / f"resumed-{rank}.pt", weights_only=True)
+        right = torch.load(tmp_path / f"reference-{rank}.pt", weights_only=True)
+        assert [k for k in right if not torch.equal(left[k], right[k])] == [], rank

@@ -82,6 +82,28 @@ async def commit_sharded(
     )
 
 
+def replicated_files(node: int, nproc: int, writers: int) -> tuple[dict[str, int], frozenset[str]]:
+    """Node ``node``'s files as a plain DDP loop stages them (``replicated``): each rank's
+    file its own, and the shares of the replicated state, one per writer rank (the first
+    rank of each of the first ``writers`` nodes), read by every node."""
+    sizes = {f"loop-state/rank-{r:05d}.pt": 48 for r in range(node * nproc, (node + 1) * nproc)}
+    local = frozenset(sizes)
+    if node < writers:
+        sizes[f"loop-state/replicated-{node * nproc:05d}.pt"] = 96
+    return sizes, local
+
+
+async def commit_replicated(
+    store: Store, scratch: Path, step: int, *, node: int, nnodes: int, nproc: int
+) -> CommitResult:
+    """Node ``node`` of ``nnodes`` commits its ``replicated_files`` (every node a writer)."""
+    sizes, local = replicated_files(node, nproc, writers=nnodes)
+    source = make_checkpoint(scratch / f"node-{node}", step, sizes, seed=node)
+    return await commit(
+        store, source, step, node_rank=node, nnodes=nnodes, nproc_per_node=nproc, local=local
+    )
+
+
 def open_file(directory: Path, path: Path) -> OpenedFile:
     """A test's own file opened as the sidecar opens staged ones, named relative to
     ``directory`` (its name in the checkpoint)."""

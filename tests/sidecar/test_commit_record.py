@@ -28,7 +28,7 @@ from sidecar.setaside import ResumeWatch
 from sidecar.storage.base import Store
 from sidecar.storage.factory import open_store
 from sidecar.validity import judge
-from tests.sidecar.helpers import commit_sharded
+from tests.sidecar.helpers import commit_replicated, commit_sharded
 
 NNODES, NPROC = 3, 2
 OLDER, NEWER = 5, 10
@@ -55,16 +55,22 @@ def _in_store(config: AgentConfig, body: Callable[[Store], Awaitable[T]]) -> T:
 
 
 def _job(
-    config: AgentConfig, tmp_path: Path, fault: Fault, order: list[int], committed: int = NNODES
+    config: AgentConfig,
+    tmp_path: Path,
+    fault: Fault,
+    order: list[int],
+    *,
+    committed: int = NNODES,
+    written_by: Callable[..., Awaitable[object]] = commit_sharded,
 ) -> dict[int, RestoreResult]:
-    """Both checkpoints committed (checkpoint 10 by ``committed`` nodes), ``fault``
-    applied, then the nodes restore in ``order``: each node's result."""
+    """Both checkpoints committed (checkpoint 10 by ``committed`` nodes) by ``written_by``,
+    ``fault`` applied, then the nodes restore in ``order``: each node's result."""
 
     async def main() -> dict[int, RestoreResult]:
         async with open_store(config) as store:
             for step, nodes in ((OLDER, NNODES), (NEWER, committed)):
                 for node in range(nodes):
-                    await commit_sharded(
+                    await written_by(
                         store, tmp_path / "src", step, node=node, nnodes=NNODES, nproc=NPROC
                     )
             await fault(store)
@@ -101,6 +107,23 @@ def test_a_missing_file_is_used_by_no_node(config: AgentConfig, tmp_path: Path) 
         return await ResumeWatch(store, NEWER, 0, NNODES, "pod-0", refresh_seconds=0).refresh()
 
     assert _in_store(config, at_hello).startswith("node 2 found it torn: ")
+
+
+def test_a_data_parallel_job_whose_node_lost_its_share_is_resumed_by_no_node(
+    config: AgentConfig, tmp_path: Path
+) -> None:
+    """A DDP loop's layout (``replicated``): each node wrote a share of the replicated state,
+    which every node reads. Node 1's share is lost: the first node to download it marks the
+    checkpoint torn, and no node restores it (a node that never committed its share leaves
+    no manifest: ``test_a_missing_manifest_is_seen_by_every_node``)."""
+
+    async def lose(store: Store) -> None:
+        await store.delete([f"checkpoint-{NEWER}/loop-state/replicated-{NPROC:05d}.pt"])
+
+    results = _job(config, tmp_path, lose, [0, 2, 1], written_by=commit_replicated)
+    assert "missing object checkpoint-10/loop-state/replicated-00002.pt" in _skipped(results[0])
+    for node in (2, 1):
+        assert _skipped(results[node]).startswith("node 0 found it torn: "), results[node]
 
 
 def test_a_missing_manifest_is_seen_by_every_node(config: AgentConfig, tmp_path: Path) -> None:
@@ -169,7 +192,7 @@ def test_a_forged_record_is_used_by_no_node(
     """What every node reads (the listing, the record, its own manifest) shows each of
     these: every node passes over checkpoint 10 on its own."""
     fault, committed, reason = FORGED[forgery]
-    results = _job(config, tmp_path, fault, [0, 1, 2], committed)
+    results = _job(config, tmp_path, fault, [0, 1, 2], committed=committed)
     for node in range(NNODES):
         assert reason in _skipped(results[node]), (node, results[node].skipped)
 
