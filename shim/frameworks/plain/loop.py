@@ -165,8 +165,12 @@ class PlainLoop:
             return
         try:
             self._prepare()
-            # A sharded module's or a DeepSpeed engine's forward pass is collective.
-            engine = dsengines.is_engine(module)
+            # A sharded module's or a DeepSpeed engine's forward pass is collective (the
+            # module inside an engine called directly too, while its state is to be read).
+            engine = dsengines.is_engine(module) or (
+                self._engines_pending is not None
+                and id(module) in dsengines.inside(dsengines.of(loopstate.MODULES.alive()))
+            )
             everyone = engine or shardedstate.is_fsdp2(module)
             if everyone and not self._agreed and self.state != OFF:
                 self._agree_sharded()
@@ -342,6 +346,8 @@ class PlainLoop:
         objects = loopstate.Objects()
         if not objects.modules:
             return  # no optimizer yet: try again at the next event
+        if loopstate.saved_by_engines(self.resume.saved) and not objects.engines:
+            return  # DeepSpeed's engine is not built yet (a forward pass before it)
         sharded = shardedstate.saved_with_dcp(self.resume.saved)
         if sharded and not (everyone and self._agreed):
             return
@@ -620,6 +626,8 @@ class PlainLoop:
             self._engine_step = mark
         if self.resume is not None and not self.resume.done:
             self._fatal("an optimizer step came before the place the checkpoint was written at")
+        if self._engines_pending is not None:
+            self._fatal("an optimizer step came before a forward pass of DeepSpeed's engine")
         problem = self._problem_at_step()
         self.steps += 1
         now = time.monotonic()
