@@ -57,9 +57,10 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     )
 
 
-def command_line(module: str, options: BenchOptions) -> str:
-    """The command that reproduces this run, as a user would type it."""
-    words = [".venv/bin/python", "-m", module]
+def command_line(module: str, options: BenchOptions, arguments: Sequence[str] = ()) -> str:
+    """The command that reproduces this run, as a user would type it (``arguments``: the
+    module's own flags that chose what it ran)."""
+    words = [".venv/bin/python", "-m", module, *arguments]
     if options.quick:
         words.append("--quick")
     if options.reps is not None:
@@ -67,14 +68,20 @@ def command_line(module: str, options: BenchOptions) -> str:
     return shlex.join(words)
 
 
-def execute(name: str, module: str, bench: BenchFn, options: BenchOptions) -> list[Case]:
+def execute(
+    name: str,
+    module: str,
+    bench: BenchFn,
+    options: BenchOptions,
+    arguments: Sequence[str] = (),
+) -> list[Case]:
     """Run one benchmark, record it, refresh the README table, print its rows."""
     started = time.monotonic()
     cases = bench(options)
     document = results.record(
         name,
         cases,
-        command=command_line(module, options),
+        command=command_line(module, options, arguments),
         wall_seconds=time.monotonic() - started,
         options={"quick": options.quick, "reps": options.reps},
         path=options.results_path,

@@ -15,23 +15,26 @@ import traceback
 
 from bench import harness
 
-# (name, module), cheapest first.
+# (name, module, the module's function and its flag that runs it), cheapest first. A
+# module may measure two sections: its second behind a flag of its own (``--ddp``).
 BENCHMARKS = (
-    ("overheads", "bench.overheads"),
-    ("lightning_overhead", "bench.lightning_overhead"),
-    ("plainloop_overhead", "bench.plainloop_overhead"),
-    ("data_replay", "bench.data_replay"),
-    ("admission", "bench.admission"),
-    ("transfer", "bench.transfer"),
-    ("stall", "bench.stall"),
-    ("fsdp2_save", "bench.fsdp2_save"),
-    ("restore_bytes", "bench.restore_bytes"),
-    ("scale", "bench.scale"),
-    ("training_wall", "bench.training_wall"),
-    ("preemption", "bench.preemption"),
-    ("sigterm_to_durable", "bench.sigterm_to_durable"),
-    ("time_to_resume", "bench.time_to_resume"),
-    ("goodput", "bench.goodput"),
+    ("overheads", "bench.overheads", "run", ()),
+    ("lightning_overhead", "bench.lightning_overhead", "run", ()),
+    ("plainloop_overhead", "bench.plainloop_overhead", "run", ()),
+    ("data_replay", "bench.data_replay", "run", ()),
+    ("admission", "bench.admission", "run", ()),
+    ("transfer", "bench.transfer", "run", ()),
+    ("stall", "bench.stall", "run", ()),
+    ("fsdp2_save", "bench.fsdp2_save", "run", ()),
+    ("restore_bytes", "bench.restore_bytes", "run", ()),
+    ("scale", "bench.scale", "run", ()),
+    ("scale_ddp", "bench.scale", "run_ddp", ("--ddp",)),
+    ("training_wall", "bench.training_wall", "run", ()),
+    ("preemption", "bench.preemption", "run", ()),
+    ("sigterm_to_durable", "bench.sigterm_to_durable", "run", ()),
+    ("sigterm_to_durable_ddp", "bench.sigterm_to_durable", "run_ddp", ("--ddp",)),
+    ("time_to_resume", "bench.time_to_resume", "run", ()),
+    ("goodput", "bench.goodput", "run", ()),
 )
 
 
@@ -43,19 +46,19 @@ def main() -> int:
     args = arguments.parse_args()
     options = harness.options_from(args)
     harness.stop_cleanly_on_sigterm()
-    chosen = [name for name in args.only.split(",") if name] or [n for n, _ in BENCHMARKS]
-    unknown = set(chosen) - {name for name, _ in BENCHMARKS}
+    chosen = [name for name in args.only.split(",") if name] or [n for n, *_ in BENCHMARKS]
+    unknown = set(chosen) - {name for name, *_ in BENCHMARKS}
     if unknown:
         print(f"unknown benchmarks: {sorted(unknown)}", file=sys.stderr)
         return 2
     failed = []
-    for name, module in BENCHMARKS:
+    for name, module, function, flags in BENCHMARKS:
         if name not in chosen:
             continue
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         try:
-            bench = importlib.import_module(module).run
-            harness.execute(name, module, bench, options)
+            bench = getattr(importlib.import_module(module), function)
+            harness.execute(name, module, bench, options, flags)
         except Exception:
             traceback.print_exc()
             failed.append(name)

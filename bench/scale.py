@@ -15,13 +15,21 @@ embedded S3 (moto on 127.0.0.1) through a counting proxy
   proxy that answers SlowDown above the share of one prefix's rate that 32
   nodes of a 1,024-node job get (3,500 writes and 5,500 reads a second,
   times 32/1,024), each node with its own store client: seconds until every
-  node committed and the checkpoint is valid.
+  node committed and the checkpoint is valid;
+- with ``--ddp``, bytes, for a plain DDP loop's checkpoint as the shim writes it (``DdpJob``: a
+  100M-parameter GPT-2 shape with AdamW, 1.2 GB of replicated state in shares
+  of at least 64 MiB placed by the shim's ``replicated.owners``, and a 20 KB
+  file per rank): the bytes the whole job's commit sends the store, and the
+  bytes node 1's real restore downloads, both counted by the proxy.
 
 The job-wide figures are one node's times N, in seconds of one S3 prefix's
 published rates: a job's checkpoints share one prefix, and S3 answers
 SlowDown (503) above those rates.
 
-    python -m bench.scale [--quick]
+    python -m bench.scale [--quick] [--ddp]
+
+``--ddp`` measures the DDP bytes alone, recorded as their own section
+(``scale_ddp``); without it, the requests.
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ import asyncio
 import contextlib
 import logging
 import re
+import shutil
 import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,12 +52,14 @@ from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
 from bench.procs import tool
 from bench.results import Case, Series
-from bench.simjob import SimJob
+from bench.simjob import DdpJob, SimJob, gpt_state
 
 if TYPE_CHECKING:
+    from local.s3server import LocalS3
     from tests.support.faultproxy import FaultProxy
 
 NAME = "scale"
+DDP_NAME = "scale_ddp"
 SIZES = (8, 64, 256, 1024)
 QUICK_SIZES = (8, 64)
 NPROC = 8
@@ -63,6 +75,10 @@ WRITES = ("PUT", "POST", "DELETE")
 LIVE_NODES = 32
 AT_SCALE = 1024
 RESTORED = re.compile(r"restored checkpoint-(\d+) \(\d+ bytes\) in ([0-9.]+)s")
+# The DDP loop's replicated state: GPT-2 small's shape with a 16k vocabulary, 98M
+# parameters, 1.18 GB with AdamW's moments (the issue's "100M parameters, 1.2 GB").
+DDP_STATE = tuple(gpt_state(hidden=768, layers=12, vocab=16384, positions=1024))
+GB = 1e9
 
 
 def prefix_seconds(counts: Counter[str]) -> float:
@@ -77,7 +93,7 @@ def breakdown(counts: Counter[str]) -> str:
 
 
 async def commit_job(
-    job: SimJob, destination: str, env: dict[str, str], scratch: Path, proxy: FaultProxy
+    job: SimJob | DdpJob, destination: str, env: dict[str, str], scratch: Path, proxy: FaultProxy
 ) -> tuple[Counter[str], Counter[str]]:
     """Every node commits ``checkpoint-STEP``: the requests of all of them, and of the last."""
     first = len(proxy.requests)
@@ -91,14 +107,19 @@ async def commit_job(
 
 
 def restore_node(
-    job: SimJob, destination: str, env: dict[str, str], work: Path, proxy: FaultProxy
+    job: SimJob | DdpJob, destination: str, env: dict[str, str], work: Path, proxy: FaultProxy
 ) -> tuple[Counter[str], float]:
     """Node ``RESTORING_NODE``'s ``jitckpt agent --phase restore``: its requests and the
     restore's time as the agent logs it (checked: ``checkpoint-STEP``, every file it needs)."""
     from local.s3server import free_port
 
     node = JitckptNode(
-        work, destination, env, nnodes=job.nnodes, node_rank=RESTORING_NODE, nproc_per_node=NPROC
+        work,
+        destination,
+        env,
+        nnodes=job.nnodes,
+        node_rank=RESTORING_NODE,
+        nproc_per_node=job.nproc,
     )
     first = len(proxy.requests)
     argv = [tool("jitckpt"), "agent", "--phase", "restore"]
@@ -139,13 +160,47 @@ async def throttled_commit(
     return seconds, valid == [True]
 
 
-def case(metric: str, unit: str, samples: dict[int, list[float]], note: str) -> Case:
+def ddp_bytes(
+    job: DdpJob, s3: LocalS3, work: Path, proxy: FaultProxy
+) -> tuple[int, int, Counter[str]]:
+    """``job`` commits its checkpoint and node ``RESTORING_NODE`` restores it: the request
+    bodies the commit sent the store, the response bodies the restore got back (both
+    counted by ``proxy``; checked: the bytes restored are those the node needs), the
+    restore's requests."""
+    bucket = f"scale-ddp-{job.nnodes}"
+    s3.create_bucket(bucket)
+    destination = f"s3://{bucket}/bench/job"
+    env = dict(s3.credentials_env(), AWS_S3_ENDPOINT=proxy.endpoint)
+    first = len(proxy.requests)
+    asyncio.run(commit_job(job, destination, env, work / "files", proxy))
+    sent = sum(r.sent for r in proxy.requests[first:])
+    shutil.rmtree(work / "files")
+    first = len(proxy.requests)
+    restored, _ = restore_node(job, destination, env, work / "node", proxy)
+    received = sum(r.received for r in proxy.requests[first:])
+    local = work / "node" / "local" / "checkpoints" / f"checkpoint-{STEP}"
+    on_disk = sum(path.stat().st_size for path in local.rglob("*") if path.is_file())
+    if on_disk != job.needs_bytes(RESTORING_NODE):
+        raise RuntimeError(f"restored {on_disk} bytes, not {job.needs_bytes(RESTORING_NODE)}")
+    shutil.rmtree(work / "node")
+    return sent, received, restored
+
+
+def case(
+    metric: str,
+    unit: str,
+    samples: dict[int, list[float]],
+    note: str,
+    *,
+    files: str = "48-byte files",
+    benchmark: str = NAME,
+) -> Case:
     """One metric, one subject per job size; the smallest job is the reference, so the
     ratios say how the figure grows with the job."""
     series = [Series(f"{n} nodes x {NPROC}", v, {"nnodes": n}) for n, v in samples.items()]
     return Case(
-        benchmark=NAME,
-        case=f"jobs of N nodes x {NPROC} processes, 48-byte files",
+        benchmark=benchmark,
+        case=f"jobs of N nodes x {NPROC} processes, {files}",
         metric=metric,
         unit=unit,
         lower_is_better=True,
@@ -252,5 +307,72 @@ def run(options: BenchOptions) -> list[Case]:
     ]
 
 
+def run_ddp(options: BenchOptions) -> list[Case]:
+    """The DDP checkpoint's bytes: in the store, and downloaded by one node, at each size."""
+    from local.s3server import LocalS3
+    from tests.support.faultproxy import FaultProxy
+
+    sizes = QUICK_SIZES if options.quick else SIZES
+    store_bytes: dict[int, list[float]] = {}
+    node_bytes: dict[int, list[float]] = {}
+    with LocalS3() as s3, tempfile.TemporaryDirectory(prefix="bench-scale-ddp-") as tmp:
+        for n in sizes:
+            ddp = DdpJob(n, NPROC, DDP_STATE)
+            with FaultProxy(s3.endpoint) as proxy:
+                sent, received, restored = ddp_bytes(ddp, s3, Path(tmp) / f"ddp-{n}", proxy)
+            print(
+                f"[scale] DDP {n} nodes x {NPROC}: {len(ddp.shares)} shares of "
+                f"{ddp.state_bytes / GB:.3f} GB; the commit sent {sent / GB:.3f} GB, node "
+                f"{RESTORING_NODE}'s restore got {received / GB:.3f} GB in "
+                f"{sum(restored.values())} requests ({breakdown(restored)})",
+                flush=True,
+            )
+            store_bytes[n] = [sent / GB]
+            node_bytes[n] = [received / GB]
+            s3.reset()
+    state = DdpJob(1, NPROC, DDP_STATE).state_bytes / GB
+    files = f"a plain DDP loop's checkpoint ({state:.2f} GB replicated state, 20 KB rank files)"
+    note = (
+        "scale_ddp: the checkpoint as the shim writes it (shares of the replicated state "
+        "placed by replicated.owners, rank files node-local); bytes = request bodies the "
+        f"whole job's commit sent and response bodies node {RESTORING_NODE}'s restore got, "
+        "counted by the proxy"
+    )
+    return [
+        case(
+            "bytes the checkpoint puts in the store",
+            "GB",
+            store_bytes,
+            note,
+            files=files,
+            benchmark=DDP_NAME,
+        ),
+        case(
+            "bytes one node downloads on resume",
+            "GB",
+            node_bytes,
+            note,
+            files=files,
+            benchmark=DDP_NAME,
+        ),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``--ddp``: the DDP checkpoint's bytes alone, in their own section; else the requests."""
+    arguments = harness.parser(__doc__ or NAME)
+    arguments.add_argument(
+        "--ddp", action="store_true", help="a DDP checkpoint's bytes (their own section)"
+    )
+    args = arguments.parse_args(argv)
+    harness.stop_cleanly_on_sigterm()
+    options = harness.options_from(args)
+    if args.ddp:
+        harness.execute(DDP_NAME, "bench.scale", run_ddp, options, ["--ddp"])
+    else:
+        harness.execute(NAME, "bench.scale", run, options)
+    return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(harness.main(NAME, "bench.scale", run, __doc__))
+    raise SystemExit(main())

@@ -15,16 +15,32 @@ The store is emptied (moto reset) after every run, so no run pays for another's
 objects. The 2 GB case runs once (it takes minutes on 2 cores);
 `--quick` skips it.
 
-    python -m bench.sigterm_to_durable [--quick] [--reps N]
+`--ddp` runs another case instead, recorded as its own section
+(``sigterm_to_durable_ddp``): time to durable under a per-node bandwidth cap.
+DDP jobs of 1, 2 and 4 nodes, one process per node (torchrun with gloo on
+127.0.0.1, each node with its own agent), each node's link to the store capped
+at ``DDP_CAP`` through its own fault proxy (tests/support/faultproxy.py), every
+node SIGTERMed at once after step 3 (the job's pods preempted); committed =
+the commit record, as above. Two subjects with the same state size: a plain DDP
+loop (bench/ddp_workload.py), whose replicated state the shim writes once,
+spread over writers on every node; HF's Trainer (bench/workload.py), whose
+rank 0 writes the whole model and optimizer, so one node uploads it all.
+Reported per subject: the time at each node count, and time(N) ÷ (time(1) ÷ N),
+1 where the time falls as 1/N.
+
+    python -m bench.sigterm_to_durable [--quick] [--reps N] [--ddp]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from bench import harness, timeline
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import Background
+from bench.procs import Background, tool
 from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from bench.transfer import run_s5cmd
@@ -60,6 +76,25 @@ SAVE_FLOOR = "step's end + save + upload floor (floor)"
 PEER_MODES = {HF_JIT: "hf-jit", SYNC: "sync-save"}
 SIGTERM_AFTER_STEP = 3
 MB = 1_000_000
+# The agent's line for a committed checkpoint: its upload's bytes and seconds.
+UPLOADED = re.compile(r"committed checkpoint-\d+ \(jit, \d+ bytes in ([0-9.]+)s")
+
+DDP_NAME = "sigterm_to_durable_ddp"
+PLAIN_DDP = "plain DDP loop"
+HF_DDP = "HF Trainer under DDP"
+DDP_SUBJECTS = (PLAIN_DDP, HF_DDP)
+DDP_NODES = (1, 2, 4)
+# Each node's link to the store. This machine's 2 cores move about 80 MB/s into the store
+# with nothing else running (the agent and moto share them: bench.transfer); 4 nodes
+# capped at 10 MB/s got 6.3 MB/s each, the cores and not the links setting the pace.
+# At 5 MB/s a node, 4 nodes need 20 MB/s in all, and the links set it.
+DDP_CAP = 5 * MB
+# About 210 MB of model and AdamW state: the plain loop's replicated state is then above
+# 3 shares of 64 MiB (the shim's SHARE_BYTES) and makes 4, a writer on each of 4 nodes.
+DDP_STATE = 210 * MB
+DDP_NODES_QUICK = (1, 2)
+# Above 2 shares of 64 MiB: 3 shares, a writer on each of 2 nodes.
+DDP_STATE_QUICK = 140 * MB
 
 
 @dataclass(frozen=True)
@@ -160,6 +195,241 @@ def run_peer(
     return Outcome(finished - started, exited, code, size, finished - upload_started, saved)
 
 
+def _torchrun(nnodes: int, node_rank: int, port: int, module_argv: Sequence[str]) -> list[str]:
+    """One node's torchrun (one process, static rendezvous at node 0 on 127.0.0.1)."""
+    return [
+        tool("torchrun"),
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        *module_argv,
+    ]
+
+
+def _ddp_module_argv(subject: str, state_bytes: int, work: Path, timeline_path: Path) -> list[str]:
+    """``-m <workload> ...`` of ``subject``, with about ``state_bytes`` of model and AdamW."""
+    if subject == PLAIN_DDP:
+        state = ["--state-mb", str(state_bytes / MB)]
+        return ["-m", "bench.ddp_workload", *state, "--timeline", str(timeline_path)]
+    shape = ModelShape.for_state(f"{state_bytes / MB:.0f} MB", state_bytes)
+    return workload_argv(shape, work / "output", timeline_path)[1:]  # without the interpreter
+
+
+@dataclass(frozen=True)
+class CappedOutcome:
+    """One capped DDP run: SIGTERM to committed, and the bytes each node sent the store."""
+
+    seconds: float
+    # SIGTERM to the end of the step it found in flight (node 0's timeline): training, which
+    # this machine's 2 cores make slower the more nodes share them, unlike a cluster's nodes
+    step_seconds: float
+    sent_bytes: list[int]  # request bodies through each node's proxy, node 0 first
+    upload_seconds: list[float]  # each node's upload as its agent logs it, node 0 first
+    checkpoint_bytes: int
+
+    @property
+    def save_and_upload_seconds(self) -> float:
+        """The last step's end to committed: the save and the upload, what jitckpt does."""
+        return self.seconds - self.step_seconds
+
+
+def run_capped(
+    subject: str, nnodes: int, state_bytes: int, s3: LocalS3, work: Path, *, timeout: float
+) -> CappedOutcome:
+    """A DDP job of ``nnodes`` nodes, each behind its own proxy capped at ``DDP_CAP``, every
+    node SIGTERMed after step ``SIGTERM_AFTER_STEP``: how long until the commit record."""
+    from local.s3server import free_port
+    from tests.support.faultproxy import FaultProxy
+
+    prefix = "bench/durable-ddp"
+    s3_env = s3.credentials_env()
+    client = _s3_client(s3_env)
+    port = free_port()
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy(s3.endpoint)) for _ in range(nnodes)]
+        nodes = []
+        for rank, proxy in enumerate(proxies):
+            proxy.limit_bandwidth(DDP_CAP)
+            env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+            node = JitckptNode(
+                work / f"node-{rank}",
+                f"s3://{BUCKET}/{prefix}",
+                env,
+                nnodes=nnodes,
+                node_rank=rank,
+                nproc_per_node=1,
+            )
+            nodes.append(stack.enter_context(node))
+        timelines = [work / f"timeline-{rank}.jsonl" for rank in range(nnodes)]
+        trainers = [
+            stack.enter_context(
+                Background(
+                    _torchrun(
+                        nnodes, rank, port, _ddp_module_argv(subject, state_bytes, work, path)
+                    ),
+                    env=node.trainer_env(),
+                    log=work / f"trainer-{rank}.log",
+                )
+            )
+            for rank, (node, path) in enumerate(zip(nodes, timelines, strict=True))
+        ]
+        wait_for_step(trainers[0], timelines[0], SIGTERM_AFTER_STEP)
+        uploaded_before = [sum(r.sent for r in proxy.requests) for proxy in proxies]
+        started = time.monotonic()
+        for trainer in trainers:
+            os.kill(trainer.pid, signal.SIGTERM)
+        deadline = started + timeout
+        while not _committed(client, prefix):
+            if time.monotonic() > deadline:
+                tails = " | ".join(node.log_tail()[-800:] for node in nodes)
+                why = f"{subject}, {nnodes} nodes: no commit after {timeout} s"
+                raise TimeoutError(f"{why}: {tails}")
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        sent = [
+            sum(r.sent for r in proxy.requests) - before
+            for proxy, before in zip(proxies, uploaded_before, strict=True)
+        ]
+    uploads = [_upload_seconds(node) for node in nodes]  # the agents stopped: logs complete
+    ends = timeline.times(timeline.read(timelines[0]), "step_end")
+    last_end = max(ends.values())
+    if last_end < started:
+        raise RuntimeError(f"{subject}, {nnodes} nodes: no step ended after SIGTERM")
+    return CappedOutcome(elapsed, last_end - started, sent, uploads, _stored_bytes(client, prefix))
+
+
+def _upload_seconds(node: JitckptNode) -> float:
+    """How long ``node``'s agent took to upload its part of the JIT checkpoint: whether the
+    cap (its part over ``DDP_CAP``) or this machine's cores set the pace."""
+    found = UPLOADED.search((node.work / "agent.log").read_text(errors="replace"))
+    if found is None:
+        raise RuntimeError(f"node {node.node_rank} logged no commit: {node.log_tail()}")
+    return float(found[1])
+
+
+DdpOutcomes = dict[str, dict[int, list[CappedOutcome]]]  # subject -> nodes -> runs
+
+
+def _scaling_cases(
+    subject: str, label: str, metric: str, samples: dict[int, list[float]], note: str
+) -> list[Case]:
+    """``metric`` at each node count, and each count's figure against 1/N scaling:
+    time(N) / (median time(1) / N), 1 where the time falls as 1/N."""
+    from bench.stats import Summary
+
+    alone = Summary.of(samples[1]).median
+    return [
+        Case(
+            benchmark=DDP_NAME,
+            case=f"{subject}, {label}",
+            metric=metric,
+            unit="s",
+            lower_is_better=True,
+            series=[Series(f"{n} node(s)", times, {"nnodes": n}) for n, times in samples.items()],
+            reference="1 node(s)",
+            note=note,
+        ),
+        Case(
+            benchmark=DDP_NAME,
+            case=f"{subject}, {label}",
+            metric=f"{metric}, time(N) / (time(1) / N)",
+            unit="x",
+            lower_is_better=True,
+            series=[
+                Series(f"{n} node(s)", [t / (alone / n) for t in times], {"nnodes": n})
+                for n, times in samples.items()
+                if n > 1
+            ],
+            reference="1/N",  # none of the series: each one's figure is the ratio itself
+            note=note,
+        ),
+    ]
+
+
+def ddp_cases(outcomes: DdpOutcomes, state_bytes: int) -> list[Case]:
+    """Per subject: SIGTERM to committed, and the last step's end to committed (the save and
+    the upload), at each node count and against 1/N; what each node sent in the params."""
+    label = f"{state_bytes / MB:.0f} MB state, each node's link capped at {DDP_CAP / MB:.0f} MB/s"
+    note = (
+        "sigterm_to_durable_ddp: one process per node (torchrun, gloo, 127.0.0.1), each "
+        f"node's agent behind its own fault proxy capped at {DDP_CAP / MB:.0f} MB/s each way; "
+        f"every node SIGTERMed after step {SIGTERM_AFTER_STEP}; committed = commit record in "
+        "S3; the last step's end = node 0's timeline (the step in flight at SIGTERM, slower "
+        "the more nodes share this machine's 2 cores); x = time(N) / (median time(1) / N), "
+        "1 where it falls as 1/N"
+    )
+    cases = []
+    for subject in DDP_SUBJECTS:
+        runs = outcomes[subject]
+        committed = _scaling_cases(
+            subject,
+            label,
+            "SIGTERM to committed in S3",
+            {n: [o.seconds for o in done] for n, done in runs.items()},
+            note,
+        )
+        for series in committed[0].series:
+            done = runs[series.params["nnodes"]]
+            series.params["sent_mb_per_node"] = [_mb(o.sent_bytes) for o in done]
+            series.params["checkpoint_mb"] = [round(o.checkpoint_bytes / MB, 1) for o in done]
+            series.params["sigterm_to_step_end_s"] = [round(o.step_seconds, 2) for o in done]
+            series.params["upload_s_per_node"] = [o.upload_seconds for o in done]
+        cases += committed
+        cases += _scaling_cases(
+            subject,
+            label,
+            "the last step's end to committed (save and upload)",
+            {n: [o.save_and_upload_seconds for o in done] for n, done in runs.items()},
+            note,
+        )
+    return cases
+
+
+def _mb(counts: list[int]) -> list[float]:
+    return [round(count / MB, 1) for count in counts]
+
+
+def run_ddp(options: BenchOptions) -> list[Case]:
+    """The bandwidth-capped DDP case: each subject at each node count, ``reps`` times."""
+    from local.s3server import LocalS3
+
+    state_bytes = DDP_STATE_QUICK if options.quick else DDP_STATE
+    node_counts = DDP_NODES_QUICK if options.quick else DDP_NODES
+    reps = options.repetitions(1, 1)
+    timeout = 120 + 3 * state_bytes / DDP_CAP
+    outcomes: DdpOutcomes = {s: {n: [] for n in node_counts} for s in DDP_SUBJECTS}
+    with LocalS3() as s3:
+        for rep in range(reps):
+            for subject in DDP_SUBJECTS:
+                # odd repetitions go from the largest job down: a load that comes and goes
+                # on this shared machine is not always on the same node count's side
+                for nnodes in node_counts[:: -1 if rep % 2 else 1]:
+                    s3.reset()
+                    s3.create_bucket(BUCKET)
+                    with tempfile.TemporaryDirectory(prefix="bench-durable-ddp-") as tmp:
+                        outcome = run_capped(
+                            subject, nnodes, state_bytes, s3, Path(tmp), timeout=timeout
+                        )
+                    outcomes[subject][nnodes].append(outcome)
+                    print(
+                        f"[bench] durable ddp rep {rep} {subject}, {nnodes} node(s): "
+                        f"{outcome.seconds:.2f} s ({outcome.step_seconds:.2f} s to the step's "
+                        f"end), sent per node {[round(b / MB) for b in outcome.sent_bytes]} MB "
+                        f"in {outcome.upload_seconds} s, "
+                        f"{outcome.checkpoint_bytes / MB:.0f} MB stored",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    return ddp_cases(outcomes, state_bytes)
+
+
 def run(options: BenchOptions) -> list[Case]:
     from local.s3server import LocalS3
 
@@ -238,5 +508,21 @@ def size_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
     )
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``--ddp``: the bandwidth-capped DDP case alone, in its own section; else the sizes."""
+    arguments = harness.parser(__doc__ or NAME)
+    arguments.add_argument(
+        "--ddp", action="store_true", help="the bandwidth-capped DDP case (its own section)"
+    )
+    args = arguments.parse_args(argv)
+    harness.stop_cleanly_on_sigterm()
+    options = harness.options_from(args)
+    if args.ddp:
+        harness.execute(DDP_NAME, "bench.sigterm_to_durable", run_ddp, options, ["--ddp"])
+    else:
+        harness.execute(NAME, "bench.sigterm_to_durable", run, options)
+    return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(harness.main(NAME, "bench.sigterm_to_durable", run, __doc__))
+    raise SystemExit(main())

@@ -17,9 +17,15 @@ e.g. ``"partNumber="`` for multipart parts):
 
 Apart from those, ``throttle(per_second, methods)`` answers 503 SlowDown to the
 requests of those methods beyond a rate, as S3 does above a prefix's request
-rate (3,500 writes and 5,500 reads a second), however long it lasts. Every
-request is recorded (``requests``), so a test or a benchmark counts what a
-client asked for by ``Request.kind`` (``LIST``, ``GET``, ``HEAD``, ``PUT``, ...).
+rate (3,500 writes and 5,500 reads a second), however long it lasts.
+``limit_bandwidth(bytes_per_second)`` caps the bodies going through this proxy
+at that rate in each direction, all its connections together: one proxy per
+node is a node's link to the store, so a benchmark measures what a checkpoint's
+upload costs at a given link speed rather than at whatever this machine's
+loopback gives. Every request is recorded (``requests``, with the body bytes
+each way), so a test or a benchmark counts what a client asked for by
+``Request.kind`` (``LIST``, ``GET``, ``HEAD``, ``PUT``, ...) and how many bytes
+it sent and received.
 
 It runs its own event loop in a daemon thread, so synchronous tests, asyncio
 code and child processes (pointed at ``endpoint``) can all use it::
@@ -90,6 +96,8 @@ class Request:
     status: int | None = None
     access_key: str | None = None  # the key ID that signed it (SigV4), if signed
     time: float = field(default_factory=time.monotonic)
+    sent: int = 0  # body bytes the client sent (chunk framing included)
+    received: int = 0  # body bytes the client got back
 
     @property
     def kind(self) -> str:
@@ -119,6 +127,33 @@ class Throttle:
         return True
 
 
+# Bodies are paced in pieces of this size: small against a second of any cap worth
+# setting, so a transfer's time is its size over the cap, give or take one piece.
+PIECE = 64 * 1024
+# What a capped link may save up, in seconds of its rate: a wake-up late by a few
+# milliseconds (the proxies of several nodes share one interpreter's GIL) is made up
+# for, not lost, and a transfer still takes its size over the cap, less this much.
+BURST_SECONDS = 0.1
+
+
+@dataclass
+class Bandwidth:
+    """A token bucket on bytes: ``rate`` a second, ``burst`` at most saved up.
+
+    ``pay`` says how long to wait before sending ``size`` bytes: the bytes let through
+    over any interval are at most ``burst`` plus ``rate`` times its length, whatever the
+    number of connections sharing the bucket. Used from the proxy's one event loop only.
+    """
+
+    rate: float
+    burst: float = PIECE
+    _paid_until: float = 0.0  # when the bytes let through so far are sent, at ``rate``
+
+    def pay(self, size: int, now: float) -> float:
+        self._paid_until = max(self._paid_until, now) + size / self.rate
+        return max(0.0, self._paid_until - now - self.burst / self.rate)
+
+
 @dataclass
 class FaultProxy:
     upstream: str
@@ -127,6 +162,8 @@ class FaultProxy:
     requests: list[Request] = field(default_factory=list)
     _faults: list[Fault] = field(default_factory=list)
     _throttles: list[Throttle] = field(default_factory=list)
+    _up: Bandwidth | None = None  # request bodies (uploads)
+    _down: Bandwidth | None = None  # response bodies (downloads)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -167,6 +204,13 @@ class FaultProxy:
         """From now on, answer SlowDown to requests of ``methods`` beyond ``per_second``."""
         with self._lock:
             self._throttles.append(Throttle(per_second, frozenset(m.upper() for m in methods)))
+
+    def limit_bandwidth(self, bytes_per_second: float) -> None:
+        """From now on, carry request and response bodies at ``bytes_per_second`` each way
+        (the requests of every connection together), as a node's link to the store would."""
+        burst = max(PIECE, bytes_per_second * BURST_SECONDS)
+        self._up = Bandwidth(bytes_per_second, burst)
+        self._down = Bandwidth(bytes_per_second, burst)
 
     def clear(self) -> None:
         with self._lock:
@@ -295,7 +339,8 @@ class FaultProxy:
             await reader.readexactly(length // 2)
             _abort(writer)
             return False
-        body = await _read_body(reader, headers, method, None)
+        body = await _read_body(reader, headers, method, None, self._up)
+        seen.sent = len(body)
         if fault is not None and fault.kind == "status":
             writer.write(_error_response(fault, method))
             await writer.drain()
@@ -313,8 +358,9 @@ class FaultProxy:
             await writer.drain()
             _abort(writer)
             return False
-        writer.write(response_head + response_body)
-        await writer.drain()
+        seen.received = len(response_body)
+        writer.write(response_head)
+        await _send(writer, response_body, self._down)
         keep = b"connection: close" not in response_head.lower()
         return keep and not response_head.startswith(b"HTTP/1.0")
 
@@ -350,10 +396,47 @@ def _drop_header(head: bytes, name: str) -> bytes:
     return b"\r\n".join(kept)
 
 
+async def _paced(size: int, limit: Bandwidth | None) -> None:
+    """Wait until ``limit`` lets ``size`` more bytes through (at once without a limit)."""
+    if limit is not None:
+        wait = limit.pay(size, time.monotonic())
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+async def _read_exactly(reader: asyncio.StreamReader, size: int, limit: Bandwidth | None) -> bytes:
+    """``size`` bytes, read a piece at a time as ``limit`` lets them through: the client's
+    sending is held back by TCP, as by a slow link."""
+    if limit is None:
+        return await reader.readexactly(size)
+    data = bytearray()
+    while len(data) < size:
+        piece = min(PIECE, size - len(data))
+        await _paced(piece, limit)
+        data += await reader.readexactly(piece)
+    return bytes(data)
+
+
+async def _send(writer: asyncio.StreamWriter, body: bytes, limit: Bandwidth | None) -> None:
+    """``body`` to the client, a piece at a time as ``limit`` lets it through."""
+    step = len(body) if limit is None else PIECE
+    for start in range(0, len(body), step or 1):
+        piece = body[start : start + step]
+        await _paced(len(piece), limit)
+        writer.write(piece)
+        await writer.drain()
+    await writer.drain()
+
+
 async def _read_body(
-    reader: asyncio.StreamReader, headers: dict[str, str], method: str, status: int | None
+    reader: asyncio.StreamReader,
+    headers: dict[str, str],
+    method: str,
+    status: int | None,
+    limit: Bandwidth | None = None,
 ) -> bytes:
-    """The raw body bytes (chunk framing kept), for a request (status None) or a response."""
+    """The raw body bytes (chunk framing kept), for a request (status None) or a response;
+    a request's paced by ``limit``."""
     if status is not None and (method == "HEAD" or status in (204, 304) or status < 200):
         return b""
     if "chunked" in headers.get("transfer-encoding", "").lower():
@@ -362,7 +445,7 @@ async def _read_body(
             size_line = await reader.readuntil(b"\r\n")
             raw += size_line
             size = int(size_line.split(b";")[0].strip(), 16)
-            chunk = await reader.readexactly(size + 2)
+            chunk = await _read_exactly(reader, size + 2, limit)
             raw += chunk
             if size == 0:
                 while chunk != b"\r\n":  # trailers, then the empty line
@@ -370,7 +453,7 @@ async def _read_body(
                     raw += chunk
                 return bytes(raw)
     if "content-length" in headers:
-        return await reader.readexactly(int(headers["content-length"]))
+        return await _read_exactly(reader, int(headers["content-length"]), limit)
     if status is None:
         return b""
     return await reader.read()
