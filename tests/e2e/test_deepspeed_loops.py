@@ -15,16 +15,15 @@ and each node restored its own ranks' files and the shared ones only.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.support import demo_summary
+
 SCRIPTS = Path(__file__).with_name("scripts")
-JITCKPT = Path(sys.executable).with_name("jitckpt")
 
 
 @dataclass(frozen=True)
@@ -42,18 +41,6 @@ STORIES = [
 ]
 
 
-def demo(story: Story, workdir: Path) -> tuple[dict[str, Any], str]:
-    argv = [str(JITCKPT), "demo", "--script", str(SCRIPTS / story.script), "--json"]
-    argv += ["--compare", "--nnodes", "2", "--preempt-at-step", str(story.step)]
-    argv += ["--preempt-nodes", "one", "--workdir", str(workdir), "--keep"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480, check=False)
-    lines = done.stdout.splitlines()
-    assert len(lines) == 1, (done.stdout, done.stderr[-3000:])
-    summary: dict[str, Any] = json.loads(lines[0])
-    assert done.returncode == (0 if summary["ok"] else 1)
-    return summary, done.stderr
-
-
 def logs(summary: dict[str, Any], kind: str, run: str) -> list[str]:
     return [Path(log).read_text(errors="replace") for log in summary[kind][run]]
 
@@ -63,8 +50,9 @@ def logs(summary: dict[str, Any], kind: str, run: str) -> list[str]:
 def test_a_loop_over_deepspeed_s_engine_is_saved_and_resumed_by_the_engine(
     story: Story, tmp_path: Path
 ) -> None:
-    summary, account = demo(story, tmp_path)
-    context = f"{json.dumps(summary)[:3000]}\n{account[-3000:]}"
+    options = ["--nnodes", "2", "--preempt-at-step", str(story.step), "--preempt-nodes", "one"]
+    summary = demo_summary(SCRIPTS / story.script, [*options, "--keep"], tmp_path)
+    context = f"{json.dumps(summary)[:3000]}\n{summary['_stderr']}"
     assert summary["ok"] is True, context
     assert summary["jit_checkpoint_step"] == story.step, context
     assert summary["resumed_from_step"] == story.step, context
