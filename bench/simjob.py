@@ -36,9 +36,9 @@ from sidecar.storage.s3 import S3Store
 FILE_BYTES = 48
 # Nodes committing at once in one process: each holds its files open while it uploads.
 NODES_AT_ONCE = 32
-# What a DDP rank's file holds once its model and optimizer are in the shares: the
-# structure with each tensor's number, random states, the data position (a 2-node x
-# 2-process DDP demo's were 10 to 30 KB).
+# A DDP rank's file once its model and optimizer are in the shares: the structure with
+# each tensor's number, the random states, the data position. An assumed size: a real
+# one follows the program (its own variables and objects), not the job's size.
 RANK_FILE_BYTES = 20_000
 MARKER_BYTES = 64  # loop-state/node-<K>.json
 
