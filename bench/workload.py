@@ -2,9 +2,10 @@
 
 A GPT-2 shaped model built from a config (no download) whose size is set by
 `--hidden-size` and `--layers`, trained on random tokens. `--timeline` makes a
-callback write one JSON line per event (step begin/end, save begin) with
+callback write one JSON line per event (step begin/end, save begin; the
+script's start and its imports done, written once the timeline opens) with
 `time.monotonic()`, which is system-wide on Linux, so the benchmark process
-can compare it with the moment it sent SIGTERM.
+can compare it with the moment it sent SIGTERM or started the pod.
 
 `--on-sigterm` picks how the script itself reacts to SIGTERM:
 `none` (leave it to the jitckpt shim, when PYTHONPATH carries it), `hf-jit`
@@ -69,15 +70,15 @@ class Timeline:
         self._file: TextIO | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
         self._device = device
 
-    def write(self, event: str, step: int) -> None:
+    def write(self, event: str, step: int, at: float | None = None) -> None:
+        """``at``: when it happened (``time.monotonic()``), if before the timeline opened."""
         if self._file is not None:
-            if self._device == "cuda":
+            if self._device == "cuda" and at is None:
                 import torch
 
                 torch.cuda.synchronize()
-            self._file.write(
-                json.dumps({"event": event, "step": step, "t": time.monotonic()}) + "\n"
-            )
+            t = time.monotonic() if at is None else at
+            self._file.write(json.dumps({"event": event, "step": step, "t": t}) + "\n")
 
 
 def build_callback(timeline: Timeline, on_sigterm: str) -> Any:
@@ -130,6 +131,10 @@ def build_uploader(root: str) -> Any:
 
 
 def main() -> int:
+    # A pod's start, taken apart (bench/time_to_resume.py): the interpreter and the shim's
+    # activation come before this line, torch's and transformers' imports (with the shim's
+    # post-import hooks) after it.
+    script_start = time.monotonic()
     arguments = argparse.ArgumentParser(description=__doc__)
     arguments.add_argument("--output-dir", type=Path, required=True)
     arguments.add_argument("--hidden-size", type=int, default=256)
@@ -156,6 +161,7 @@ def main() -> int:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+    imported = time.monotonic()
     torch.manual_seed(0)
     config = GPT2Config(
         vocab_size=args.vocab_size,
@@ -186,6 +192,8 @@ def main() -> int:
         seed=0,
     )
     timeline = Timeline(args.timeline, device)
+    timeline.write("script_start", 0, script_start)
+    timeline.write("imported", 0, imported)
     callbacks = [build_callback(timeline, args.on_sigterm)]
     if args.upload_to:
         callbacks.append(build_uploader(args.upload_to))

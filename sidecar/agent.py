@@ -31,7 +31,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import py_compile
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Coroutine
@@ -77,6 +79,9 @@ EXIT_RESTORE_FAILED = 4
 # The sidecar's own records (accepted checkpoints, what was restored) go beside the shim
 # copy: the shim volume is mounted read-only in the trainer, so the trainer cannot forge them.
 STATE_SUBDIR = "agent"
+
+# The Python whose trainers load the shim's bytecode this sidecar writes.
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 # Training processes remembered at once (``hello``); gone ones make room for new ones.
 MAX_CLIENTS = 256
@@ -169,6 +174,8 @@ class Agent:
         # A checkpoint was accepted since the last restore (a restarted trainer restores anew).
         self._staged_since_restore = False
         self._fatal: tuple[int, str] | None = None  # a pending restore's failure: exit with it
+        # This process copied the shim: its bytecode is written once the trainer may start.
+        self._shim_copied = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -216,6 +223,7 @@ class Agent:
             if self.shim_target is not None:
                 count = shimcopy.install(self.shim_target)
                 log.info("shim copied to %s (%d files)", self.shim_target, count)
+                self._shim_copied = count > 0
             self.staged_jobs.prepare()
             cfg.pids_dir.parent.mkdir(parents=True, exist_ok=True)
             self.state.phase = "restoring"
@@ -250,6 +258,18 @@ class Agent:
             self.restored = RestoreResult.load(self.state_dir) or RestoreResult()
             self._record_restore()
         return await self._serve(store)
+
+    async def _compile_shim(self, target: Path) -> None:
+        """The copied shim's bytecode, for trainers on this Python version (``shimcopy``).
+        Written after Started, never before: the trainer's start waits for nothing of it,
+        and one that imports a module before its bytecode is there compiles it, as it
+        would without it."""
+        try:
+            count = await asyncio.to_thread(shimcopy.compile_bytecode, target)
+        except (OSError, py_compile.PyCompileError) as exc:
+            log.warning("the shim's bytecode was not written (%s): trainers compile it", exc)
+            return
+        log.info("shim bytecode written for Python %s (%d modules)", PYTHON_VERSION, count)
 
     def _fail(self, code: int, text: str) -> int:
         log.error("%s", text)
@@ -392,6 +412,8 @@ class Agent:
         self.state.phase = "ready"
         self.metrics.ready.set(1)
         log.info("ready")
+        if self._shim_copied and self.shim_target is not None:
+            self._spawn(self._compile_shim(self.shim_target))
         try:
             await self._wait_for_stop()
             self.state.phase = "stopping"

@@ -78,6 +78,24 @@ def test_an_attempt_reads_where_it_began_and_ended_from_its_timeline(tmp_path: P
     )
 
 
+def test_an_attempt_takes_its_start_apart_from_its_timeline_and_pod_times(
+    tmp_path: Path,
+) -> None:
+    """The script's first line and its imports done (step 0 marks) and the agent's ready,
+    each from the pod's start; a timeline or a pod without them leaves them unset."""
+    path = tmp_path / "timeline.jsonl"
+    events = [("script_start", 0, 2.0), ("imported", 0, 5.0), ("step_begin", 1, 6.0)]
+    events += [("step_end", 1, 6.5)]
+    path.write_text(
+        "".join(json.dumps({"event": e, "step": s, "t": t}) + "\n" for e, s, t in events)
+    )
+    times = PodTimes(started=1.0, trainer_started=1.75, ended=7.0, sidecar_ready=1.5)
+    attempt = attempt_of(times, path)
+    assert (attempt.sidecar_ready_seconds, attempt.restore_seconds) == (0.5, 0.75)
+    assert (attempt.script_start_seconds, attempt.imported_seconds) == (1.0, 4.0)
+    assert attempt.first_step_seconds == 5.0
+
+
 def test_the_resume_floor_is_the_download_plus_the_framework_load() -> None:
     # 0.5 s s5cmd ls + 1.5 s s5cmd cp before the process, 4 s from its start to step 1
     peer = Attempt(9.0, 2, 4, first_step_seconds=6.0, restore_seconds=2.0, download_seconds=1.5)

@@ -54,8 +54,15 @@ def test_a_jitckpt_pod_resumes_exactly_where_its_preemption_stopped_it(
     for pod in pods:
         assert (pod / "containers" / "jitckpt-agent" / "log").exists()
     for attempt in job.attempts:
-        # the trainer waits for the sidecar's restore, then trains
+        # the trainer waits for the sidecar's restore, then trains; the stages of its start
+        # (time_to_resume's breakdown) come in their order: the agent ready, the startupProbe
+        # that passed (the trainer's start), the script's first line, its imports, step 1
         assert 0 < attempt.restore_seconds < attempt.first_step_seconds < attempt.seconds
+        stages = (attempt.sidecar_ready_seconds, attempt.script_start_seconds)
+        assert stages[0] is not None and stages[1] is not None, attempt
+        assert attempt.imported_seconds is not None, attempt
+        assert 0 < stages[0] < attempt.restore_seconds < stages[1], attempt
+        assert stages[1] < attempt.imported_seconds < attempt.first_step_seconds, attempt
 
 
 def test_a_peer_pod_resumes_from_its_newest_upload_and_trains_the_rest_again(

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -14,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from local.s3server import LocalS3
-from shim import protocol
+from shim import layout, protocol
 from shim.channel import Client
 from sidecar.config import AgentConfig
 from sidecar.storage.factory import open_store
@@ -57,6 +61,51 @@ def _seed(agent: AgentProcess, tmp_path: Path) -> Path:
     return good
 
 
+def test_a_trainer_on_the_sidecars_python_loads_the_shim_compiled(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """The shim's volume is read-only in the trainer, whose Python cannot cache what it
+    compiles. Once Started, the sidecar writes the copy's bytecode for its own Python,
+    readable by any uid; a trainer process on that Python then imports the shim from it
+    and compiles none of its modules."""
+    agent.start()
+    agent.wait_ready()
+    agent.wait_for(lambda: "shim bytecode written" in agent.log(), 30, "the shim's bytecode")
+    sources = [path for path in agent.shim_target.rglob("*.py")]
+    compiled = {Path(importlib.util.cache_from_source(str(path))) for path in sources}
+    assert set(agent.shim_target.rglob("*.pyc")) == compiled
+    for path in compiled:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755, path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JITCKPT_", "PYTHON"))}
+    env.update(
+        {
+            "PYTHONPATH": str(agent.shim_target),
+            layout.ENV_DIR: str(agent.local_dir),
+            layout.ENV_SOCKET: str(agent.socket),
+        }
+    )
+    code = "import sys; assert '_jitckpt_shim.activate' in sys.modules"
+    done = subprocess.run(
+        [sys.executable, "-v", "-c", code],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    # -v says "code object from '<the .pyc>'" for a module loaded from bytecode, and
+    # "code object from '<the .py>'" for one compiled at import.
+    target = str(agent.shim_target)
+    loaded = [line for line in done.stderr.splitlines() if f"code object from '{target}" in line]
+    assert any(line.endswith(f"activate.{sys.implementation.cache_tag}.pyc'") for line in loaded), (
+        done.stderr[-3000:]
+    )
+    assert not [line for line in loaded if line.endswith(".py'")], done.stderr[-3000:]
+
+
 def test_lifecycle_restore_upload_status_and_stop(agent: AgentProcess, tmp_path: Path) -> None:
     good = _seed(agent, tmp_path)
     agent.start()
@@ -67,7 +116,9 @@ def test_lifecycle_restore_upload_status_and_stop(agent: AgentProcess, tmp_path:
     copied = agent.shim_target / "protocol.py"
     assert copied.read_bytes() == Path(protocol.__file__).read_bytes()
     assert stat.S_IMODE(copied.stat().st_mode) == 0o644
-    assert not list(agent.shim_target.rglob("*.pyc"))
+    # Never the sidecar's own bytecode files: only what it compiles into __pycache__ for
+    # trainers of its Python (tested below).
+    assert all(path.parent.name == "__pycache__" for path in agent.shim_target.rglob("*.pyc"))
     # Shared dirs the trainer writes into.
     assert stat.S_IMODE(agent.staging.stat().st_mode) == 0o777
     assert stat.S_IMODE(agent.socket.stat().st_mode) == 0o666
