@@ -108,11 +108,24 @@ def main(
     bench: BenchFn,
     description: str | None,
     argv: Sequence[str] | None = None,
+    *,
+    ddp: tuple[str, BenchFn] | None = None,
 ) -> int:
-    """Entry point of `python -m <module>`: parse the shared flags, run, record."""
-    args = parser(description or name).parse_args(argv)
+    """Entry point of `python -m <module>`: parse the shared flags, run, record.
+
+    ``ddp``: the module's data-parallel case (its section's name and function), run alone
+    with ``--ddp`` and recorded in its own section, so the other one's results stay.
+    """
+    arguments = parser(description or name)
+    if ddp is not None:
+        arguments.add_argument(
+            "--ddp", action="store_true", help="the data-parallel case alone (its own section)"
+        )
+    args = arguments.parse_args(argv)
     stop_cleanly_on_sigterm()
     options = options_from(args)
+    if ddp is not None and args.ddp:
+        name, bench = ddp
     print(f"[bench] {name}: {asdict(options)}", file=sys.stderr, flush=True)
-    execute(name, module, bench, options)
+    execute(name, module, bench, options, ["--ddp"] if ddp is not None and args.ddp else [])
     return 0

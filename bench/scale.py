@@ -359,19 +359,7 @@ def run_ddp(options: BenchOptions) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--ddp``: the DDP checkpoint's bytes alone, in their own section; else the requests."""
-    arguments = harness.parser(__doc__ or NAME)
-    arguments.add_argument(
-        "--ddp", action="store_true", help="a DDP checkpoint's bytes (their own section)"
-    )
-    args = arguments.parse_args(argv)
-    harness.stop_cleanly_on_sigterm()
-    options = harness.options_from(args)
-    if args.ddp:
-        harness.execute(DDP_NAME, "bench.scale", run_ddp, options, ["--ddp"])
-    else:
-        harness.execute(NAME, "bench.scale", run, options)
-    return 0
+    return harness.main(NAME, "bench.scale", run, __doc__, argv, ddp=(DDP_NAME, run_ddp))
 
 
 if __name__ == "__main__":

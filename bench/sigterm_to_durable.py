@@ -509,19 +509,8 @@ def size_case(label: str, state_bytes: int, reps: int, s3: LocalS3) -> Case:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--ddp``: the bandwidth-capped DDP case alone, in its own section; else the sizes."""
-    arguments = harness.parser(__doc__ or NAME)
-    arguments.add_argument(
-        "--ddp", action="store_true", help="the bandwidth-capped DDP case (its own section)"
-    )
-    args = arguments.parse_args(argv)
-    harness.stop_cleanly_on_sigterm()
-    options = harness.options_from(args)
-    if args.ddp:
-        harness.execute(DDP_NAME, "bench.sigterm_to_durable", run_ddp, options, ["--ddp"])
-    else:
-        harness.execute(NAME, "bench.sigterm_to_durable", run, options)
-    return 0
+    module = "bench.sigterm_to_durable"
+    return harness.main(NAME, module, run, __doc__, argv, ddp=(DDP_NAME, run_ddp))
 
 
 if __name__ == "__main__":
