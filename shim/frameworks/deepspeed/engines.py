@@ -148,8 +148,7 @@ def save(directory: str, step: int, engines: List[Any]) -> None:
 def local(engines: List[Any]) -> Optional[Callable[[str], bool]]:
     """Whether a staged name is a rank's own ZeRO partition (read by that rank alone), or
     None when every rank reads every rank's (``zerofiles``)."""
-    marks = [zerofiles.marker(engine) for engine in engines]
-    if any(mark is None for mark in marks):
+    if any(zerofiles.marker(engine) is None for engine in engines):
         return None
     return zerofiles.own
 

@@ -126,7 +126,7 @@ class PlainLoop:
         self.engines: List[Any] = []
         self._engine_step: Optional[Tuple[int, int]] = None
         self._engines_pending: Optional[int] = None  # the step whose engine state is not read
-        self._agreed = False  # the ranks agreed on the step a sharded module resumes from
+        self._agreed = False  # the ranks agreed on the step a sharded module or engine resumes
         self.periodic: Optional[shardedsaves.PeriodicSaves] = None  # save-steps, when sharded
         self.periodic_pending = False
         self.extra: Optional[extrastate.Watch] = None  # the state beyond the training modules
@@ -173,7 +173,7 @@ class PlainLoop:
             )
             everyone = engine or shardedstate.is_fsdp2(module)
             if everyone and not self._agreed and self.state != OFF:
-                self._agree_sharded()
+                self._agree_collective()
             if self.resume is not None and not self.resume.early:
                 self._early_restore(everyone)
             if engine and self._engines_pending is not None:
@@ -363,8 +363,10 @@ class PlainLoop:
             self._apply_sharded(objects, keep=True)
 
     # -- a sharded module's state (FSDP2, saved with DCP) ------------------------------
-    def _agree_sharded(self) -> None:
-        """Every rank resumes the same step, or none does (collective: where every rank is)."""
+    def _agree_collective(self) -> None:
+        """Every rank resumes the same step, or none does (collective: where every rank is,
+        the first forward pass of a sharded module or a DeepSpeed engine, or the resume
+        point), before a collective read of their state."""
         self._agreed = True
         mine = -1 if self.resume is None else self.resume.step
         low = dist.all_reduce_int(mine, maximum=False)
@@ -472,7 +474,7 @@ class PlainLoop:
         sharded = shardedstate.saved_with_dcp(resume.saved)
         if sharded and resume.loaded is None:  # no sharded forward pass before: read it here
             if not self._agreed:
-                self._agree_sharded()
+                self._agree_collective()
                 if self.resume is not resume:  # the ranks disagreed: training starts over
                     return
             reason = self._load_sharded(objects, reason, "at the resume point")

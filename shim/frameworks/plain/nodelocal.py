@@ -9,7 +9,7 @@ here, and only where it is known for certain:
 - ``loop-state/rank-<R>.pt``: rank R's own state (random states, data
   position, schedulers); on the same layout only rank R reads it. A rank
   that does not find its file does not resume, and the ranks of a sharded
-  loop agree on the step before anything is read (``loop._agree_sharded``):
+  loop agree on the step before anything is read (``loop._agree_collective``):
   every rank starts over, said once.
 - ``loop-state/node-<k>.json`` of a node ``k`` other than 0: the node's
   marker, read by node ``k``'s ranks only (each reads its own node's and
