@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar import fanin
+from sidecar import fanin, settle
 from sidecar import manifest as mf
 from sidecar.arrivals import Arrivals
 from sidecar.safefs import OpenedFile
@@ -144,12 +144,7 @@ async def upload_arriving(
             uploads.append(asyncio.create_task(one(source)))
         done = await asyncio.gather(*uploads)
     except BaseException:
-        # Once each: a task cancelled already (the gather passes a cancel of ours on) is
-        # aborting its multipart upload, which a second cancel would cut short.
-        for task in uploads:
-            if not task.done() and not task.cancelling():
-                task.cancel()
-        await asyncio.gather(*uploads, return_exceptions=True)
+        await settle.cancel_and_wait(uploads)
         raise
     entries = sorted((entry for entry, _ in done), key=lambda e: e.path)
     return entries, sum(retries for _, retries in done)

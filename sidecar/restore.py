@@ -55,7 +55,7 @@ from pathlib import Path
 
 import google_crc32c
 
-from sidecar import checksum, marks, safefs, validity
+from sidecar import checksum, marks, safefs, settle, validity
 from sidecar import manifest as mf
 from sidecar.commit import FILES_IN_FLIGHT
 from sidecar.nodefiles import NodeLayout, manifests_needed, needed
@@ -262,13 +262,14 @@ async def _fetch_all(store: Store, step: int, files: dict[str, mf.FileEntry], ta
 
     async def fetch(relative: str, entry: mf.FileEntry) -> None:
         async with slots:
-            fd = await asyncio.to_thread(_create, target, relative)
+            fd = await settle.in_thread(_create, target, relative)
             try:
                 await store.get_file(mf.file_key(step, relative), fd, entry.size, entry.crc32c)
             finally:
                 os.close(fd)
 
-    await asyncio.gather(*(fetch(p, e) for p, e in files.items()))
+    # Every fetch has ended before the directory is removed or its descriptor closed.
+    await settle.all_or_none(fetch(p, e) for p, e in files.items())
 
 
 class Unreachable(StoreError):

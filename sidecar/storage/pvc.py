@@ -27,7 +27,7 @@ from pathlib import Path
 
 import google_crc32c
 
-from sidecar import checksum, safefs
+from sidecar import checksum, safefs, settle
 from sidecar.safefs import OpenedFile
 from sidecar.storage.base import (
     ObjectInfo,
@@ -216,7 +216,7 @@ class DirectoryStore(Store):
 
     async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
         try:
-            await asyncio.to_thread(self._get, key, fd, size, crc32c)
+            await settle.in_thread(self._get, key, fd, size, crc32c)
         except FileNotFoundError as exc:
             raise WrongObject(f"missing object {key}") from exc
         except safefs.UnsafeError as exc:

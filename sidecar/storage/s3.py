@@ -23,7 +23,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import ClientError
 
-from sidecar import checksum
+from sidecar import checksum, settle
 from sidecar.config import DOWNLOAD_CONCURRENCY, DOWNLOAD_RANGE_SIZE
 from sidecar.safefs import OpenedFile
 from sidecar.storage import heap
@@ -421,11 +421,11 @@ class S3Store(Store):
                     pieces.append(chunk)
                     pending += len(chunk)
                     if pending >= WRITE_CHUNK:
-                        crc = await asyncio.to_thread(write, pieces, start + received, crc)
+                        crc = await settle.in_thread(write, pieces, start + received, crc)
                         received += pending
                         pieces, pending = [], 0
             if pieces:
-                crc = await asyncio.to_thread(write, pieces, start + received, crc)
+                crc = await settle.in_thread(write, pieces, start + received, crc)
                 received += pending
             if received != length:
                 raise VerificationError(
@@ -457,7 +457,7 @@ class S3Store(Store):
             crc = await self._fetch_range(key, fd, start, length, file_lock, size=size)
             return crc, length
 
-        ranges = await asyncio.gather(*(fetch(s) for s in range(0, size, self.range_size)))
+        ranges = await settle.all_or_none(fetch(s) for s in range(0, size, self.range_size))
         actual = checksum.encode(checksum.combine_all(ranges))
         if actual != crc32c:
             raise VerificationError(f"{key}: CRC32C {actual} does not match manifest {crc32c}")
