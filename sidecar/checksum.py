@@ -26,6 +26,11 @@ def encode(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
+def decode(text: str) -> int:
+    """The value of S3's wire form (``encode``'s inverse)."""
+    return int.from_bytes(base64.b64decode(text), "big")
+
+
 def of_bytes(data: bytes) -> str:
     return encode(google_crc32c.value(data))
 

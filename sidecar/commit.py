@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar import fanin, settle
+from sidecar import fanin, pieces, settle
 from sidecar import manifest as mf
 from sidecar.arrivals import Arrivals
 from sidecar.safefs import OpenedFile
@@ -60,6 +60,8 @@ async def commit_node(
     marks: Callable[[], tuple[frozenset[str], bool]] | None = None,
     committing: Callable[[], None] | None = None,
     staged_at: float | None = None,
+    spread: pieces.SpreadUpload | None = None,
+    replicas: Callable[[], frozenset[str]] = frozenset,
 ) -> CommitResult:
     """Upload ``files`` under ``checkpoint-<step>/`` and commit (``arrivals``: the files
     arrive while this runs, ``files`` is ignored; ``marks``: then ``local`` and
@@ -72,13 +74,21 @@ async def commit_node(
     ``local`` and ``nproc_per_node`` let a restore on the same layout skip the other
     nodes' files that only their own ranks read (``nodefiles``). ``staged_at`` (seconds
     since the epoch) is the manifest's time; None: now. ``shim_loads``: the manifest's.
+    ``spread``: a ``copies`` checkpoint, its large files uploaded in pieces by every node
+    (``pieces``); ``replicas`` then says, once every file is in, which files every node
+    wrote alike.
     """
     started = time.monotonic()
 
     def key_of(relative: str) -> str:
         return mf.file_key(step, relative)
 
-    if arrivals is None:
+    sent: list[mf.Sent] = []
+    if spread is not None:
+        arriving = arrivals if arrivals is not None else _arrived(files)
+        spreaded = await upload_spread(spread, arriving, replicas)
+        entries, sent, retries = spreaded.entries, spreaded.sent, spreaded.retries
+    elif arrivals is None:
         entries, retries = await upload_files(store, files, key_of, gate)
     else:
         entries, retries = await upload_arriving(store, arrivals, key_of, gate)
@@ -96,6 +106,7 @@ async def commit_node(
         time=mf.iso_time(time.time() if staged_at is None else staged_at),
         files=entries,
         shim_loads=shim_loads,
+        sent=sent,
     )
     if committing is not None:
         committing()
@@ -114,9 +125,14 @@ async def upload_files(
     named by their path in the checkpoint, which ``manifest.check_path`` accepted) to
     ``key_of(name)``: their manifest entries, sorted, and the retries it took. Checkpoints
     and the final model both upload through it."""
+    return await upload_arriving(store, _arrived(files), key_of, gate)
+
+
+def _arrived(files: list[OpenedFile]) -> Arrivals:
+    """``files`` as arrivals that are all in."""
     arrivals = Arrivals(sorted(files, key=lambda f: f.name))
     arrivals.close()
-    return await upload_arriving(store, arrivals, key_of, gate)
+    return arrivals
 
 
 async def upload_arriving(
@@ -148,3 +164,26 @@ async def upload_arriving(
         raise
     entries = sorted((entry for entry, _ in done), key=lambda e: e.path)
     return entries, sum(retries for _, retries in done)
+
+
+async def upload_spread(
+    spread: pieces.SpreadUpload, arrivals: Arrivals, replicas: Callable[[], frozenset[str]]
+) -> pieces.SpreadResult:
+    """``upload_arriving`` for a ``copies`` checkpoint (``pieces``): each file handled as
+    it is accepted, the rest once the arrivals are closed and ``replicas`` can say."""
+    slots = asyncio.Semaphore(FILES_IN_FLIGHT)
+
+    async def one(source: OpenedFile) -> None:
+        async with slots:
+            await spread.arrived(source)
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        async for source in arrivals.each():
+            tasks.append(asyncio.create_task(one(source)))
+        await asyncio.gather(*tasks)
+        return await spread.finish(replicas())
+    except BaseException:
+        await settle.cancel_and_wait(tasks)
+        await spread.close()
+        raise

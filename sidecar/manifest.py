@@ -23,6 +23,7 @@ older manifest is downloaded whole.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import UTC, datetime
 from typing import Literal
@@ -30,6 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shim import layout, protocol
+from sidecar import checksum
 
 MANIFEST_VERSION: Literal[1] = 1
 # A manifest is read with a ranged request of at most this many bytes; a larger one is torn.
@@ -43,6 +45,7 @@ MAX_PATH_BYTES = protocol.MAX_FILE_NAME
 MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
 MAX_DEPTH = 32  # path components
 MAX_TEXT = 253  # pod and job names (a DNS subdomain)
+PIECES_DIR = "pieces"  # checkpoint-<step>/.jitckpt/pieces/: the pieces of spread files
 _CRC32C = re.compile(r"[A-Za-z0-9+/]{6}==")  # base64 of 4 bytes
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # a DNS subdomain (pod and job names)
@@ -98,6 +101,17 @@ def iso_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
+class Piece(BaseModel):
+    """A consecutive range of a file stored as an object of its own (``piece_key``), the
+    one ``node`` uploaded: the pieces of a file follow one another from its start."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    node: int = Field(ge=0, lt=MAX_NODES)
+    size: int = Field(ge=1, le=MAX_FILE_SIZE)
+    crc32c: str = Field(pattern=_CRC32C.pattern)
+
+
 class FileEntry(BaseModel):
     """One uploaded file, relative to its checkpoint directory."""
 
@@ -110,6 +124,48 @@ class FileEntry(BaseModel):
     # Read only by this node's ranks when the job resumes on the writer's layout (the shim
     # said so at staging); absent (older manifests): any node may read it.
     local: bool = False
+    # Stored as these pieces (``pieces``: a file every node wrote, each uploading a part),
+    # not as one object at ``file_key``; empty: one object.
+    pieces: list[Piece] = Field(default_factory=list, max_length=MAX_NODES)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return check_path(value)
+
+    @model_validator(mode="after")
+    def _pieces_make_the_file(self) -> FileEntry:
+        if not self.pieces:
+            return self
+        if len(self.pieces) < 2:
+            raise ValueError(f"{self.path!r} is one piece: it is stored whole")
+        if sum(p.size for p in self.pieces) != self.size:
+            raise ValueError(f"the pieces of {self.path!r} are not its {self.size} bytes")
+        joined = checksum.combine_all((checksum.decode(p.crc32c), p.size) for p in self.pieces)
+        if checksum.encode(joined) != self.crc32c:
+            raise ValueError(f"the pieces of {self.path!r} are not its CRC32C")
+        return self
+
+    def offsets(self) -> list[int]:
+        """Where each piece starts in the file."""
+        starts, at = [], 0
+        for piece in self.pieces:
+            starts.append(at)
+            at += piece.size
+        return starts
+
+
+class Sent(BaseModel):
+    """A piece of a file this node wrote as a copy of node 0's (``Staged.replicas``) and
+    uploaded under its own key: node 0 lists the file, and takes this piece only if its
+    own bytes of that range have this CRC32C."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    path: str
+    index: int = Field(ge=0, lt=MAX_NODES)
+    size: int = Field(ge=1, le=MAX_FILE_SIZE)
+    crc32c: str = Field(pattern=_CRC32C.pattern)
 
     @field_validator("path")
     @classmethod
@@ -141,6 +197,8 @@ class Manifest(BaseModel):
     # so a restore of it lets the trainer start during the download; false (and in older
     # manifests): a script's own directory, in place before the trainer starts.
     shim_loads: bool = False
+    # The pieces this node uploaded of files node 0 lists (``Sent``).
+    sent: list[Sent] = Field(default_factory=list, max_length=MAX_FILES)
 
     @field_validator("pod", "job")
     @classmethod
@@ -168,6 +226,8 @@ class Manifest(BaseModel):
             if entry.path in seen:
                 raise ValueError(f"{entry.path!r} is listed twice")
             seen.add(entry.path)
+            if any(p.node >= self.nnodes for p in entry.pieces):
+                raise ValueError(f"a piece of {entry.path!r} names a node beyond nnodes")
         return self
 
     @property
@@ -195,6 +255,14 @@ def manifest_name(node_rank: int) -> str:
 
 def file_key(step: int, path: str) -> str:
     return f"{checkpoint_dir(step)}/{path}"
+
+
+def piece_key(step: int, path: str, index: int, node: int) -> str:
+    """Piece ``index`` of file ``path`` as node ``node`` uploaded it: below ``.jitckpt/``,
+    where no file of a checkpoint may be, named by a digest of the path (a path may be as
+    long as a key)."""
+    digest = hashlib.sha256(path.encode()).hexdigest()[:32]
+    return f"{meta_dir(step)}{PIECES_DIR}/{digest}/{index}.node-{node}"
 
 
 def encode(manifest: Manifest) -> bytes:

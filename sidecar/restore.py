@@ -264,12 +264,29 @@ async def _fetch_all(store: Store, step: int, files: dict[str, mf.FileEntry], ta
         async with slots:
             fd = await settle.in_thread(_create, target, relative)
             try:
-                await store.get_file(mf.file_key(step, relative), fd, entry.size, entry.crc32c)
+                if entry.pieces:
+                    await _fetch_pieces(store, step, entry, fd)
+                else:
+                    key = mf.file_key(step, relative)
+                    await store.get_file(key, fd, entry.size, entry.crc32c)
             finally:
                 os.close(fd)
 
     # Every fetch has ended before the directory is removed or its descriptor closed.
     await settle.all_or_none(fetch(p, e) for p, e in files.items())
+
+
+async def _fetch_pieces(store: Store, step: int, entry: mf.FileEntry, fd: int) -> None:
+    """A file stored in pieces (``pieces``): each from the node's key its manifest names,
+    written at its place and checked against its CRC32C; together they are the file's
+    (the manifest was refused otherwise)."""
+    os.ftruncate(fd, entry.size)
+    await settle.all_or_none(
+        store.get_file(
+            mf.piece_key(step, entry.path, index, piece.node), fd, piece.size, piece.crc32c, start
+        )
+        for index, (piece, start) in enumerate(zip(entry.pieces, entry.offsets(), strict=True))
+    )
 
 
 class Unreachable(StoreError):

@@ -131,6 +131,33 @@ class OpenedFile:
             self.fd = -1
 
 
+@dataclass
+class FileRange(OpenedFile):
+    """``size`` bytes of an opened file from ``start``, uploaded as an object of its own
+    (a piece): read through the file's descriptor, which stays the file's to close, and
+    checked against the whole file's size (``whole``)."""
+
+    start: int = 0
+    whole: int = 0
+
+    @classmethod
+    def of(cls, source: OpenedFile, start: int, size: int) -> FileRange:
+        return cls(source.name, source.fd, size, source.device, source.inode, start, source.size)
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return super().pread(self.start + offset, length)
+
+    def check_size(self) -> None:
+        now = os.fstat(self.fd).st_size
+        if now != self.whole:
+            raise FileChanged(
+                errno.EIO, f"{self.name} is {now} bytes, was {self.whole} when opened"
+            )
+
+    def close(self) -> None:
+        """The file's descriptor is not the range's."""
+
+
 def _open_file(parent: int, name: str, shown: str) -> tuple[int, os.stat_result]:
     """``name`` in ``parent`` opened for reading, and its status: never through a symlink,
     never blocking on a FIFO; raises UnsafeError (the descriptor closed) unless it is a

@@ -80,6 +80,10 @@ class StagedJob:
     # Files only this node's ranks read on a resume on the same layout (``Staged.local``).
     local: frozenset[str] = frozenset()
     shim_loads: bool = False  # ``Staged.shim_loads``: into the manifest
+    # Every node wrote it (``Staged.copies``, said by its first part when streamed) and
+    # which of its files every node wrote alike (``Staged.replicas``): uploaded in pieces.
+    copies: bool = False
+    replicas: frozenset[str] = frozenset()
 
     @property
     def complete(self) -> bool:
@@ -110,6 +114,8 @@ class StagedJob:
             ],
             "local": sorted(self.local),
             "shim_loads": self.shim_loads,
+            "copies": self.copies,
+            "replicas": sorted(self.replicas),
         }
 
 
@@ -264,6 +270,7 @@ class StagingArea:
                 job = StagedJob(
                     job_id, request.step, request.kind, files, now, owner, Arrivals(files)
                 )
+                job.copies = request.copies
                 self._owned[job_id] = job
                 started = True
             elif job.owner is not owner:
@@ -305,6 +312,8 @@ class StagingArea:
         self._check_owned(job)
         job.local = frozenset(request.local)
         job.shim_loads = request.shim_loads
+        job.copies = job.copies or request.copies
+        job.replicas = frozenset(request.replicas) if job.copies else frozenset()
         try:
             self._write_record(job)
         except OSError as exc:
@@ -346,6 +355,8 @@ class StagingArea:
             staged_at=now,
             local=frozenset(request.local),
             shim_loads=request.shim_loads,
+            copies=request.copies,
+            replicas=frozenset(request.replicas),
         )
         try:
             self._write_record(job)
@@ -505,6 +516,8 @@ class _Record:
     files: list[tuple[str, int, int, int]]  # path, device, inode, size
     local: frozenset[str] = frozenset()
     shim_loads: bool = False
+    copies: bool = False
+    replicas: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, raw: object) -> _Record:
@@ -529,22 +542,19 @@ class _Record:
             numbers = [_record_int(entry, key) for key in ("device", "inode", "size")]
             files.append((entry["path"], *numbers))
         names = _checked_names(tuple(path for path, *_ in files))
-        local = raw.get("local", [])
-        if not isinstance(local, list) or not all(isinstance(n, str) for n in local):
-            raise ValueError("local is not a list of names")
-        if not set(local) <= set(names):
-            raise ValueError("local is not a list of the record's files")
-        shim_loads = raw.get("shim_loads", False)
-        if type(shim_loads) is not bool:
-            raise ValueError("shim_loads is not true or false")
+        flags = [raw.get(key, False) for key in ("shim_loads", "copies")]
+        if any(type(flag) is not bool for flag in flags):
+            raise ValueError("shim_loads or copies is not true or false")
         return cls(
             id=job_id,
             step=_record_int(raw, "step", protocol.MAX_STEP),
             kind=str(kind),
             staged_at=float(staged_at),
             files=files,
-            local=frozenset(local),
-            shim_loads=shim_loads,
+            local=_record_names(raw, "local", names),
+            shim_loads=flags[0],
+            copies=flags[1],
+            replicas=_record_names(raw, "replicas", names),
         )
 
     def job(self, files: list[OpenedFile]) -> StagedJob:
@@ -556,7 +566,19 @@ class _Record:
             staged_at=self.staged_at,
             local=self.local,
             shim_loads=self.shim_loads,
+            copies=self.copies,
+            replicas=self.replicas,
         )
+
+
+def _record_names(raw: dict[str, object], key: str, names: list[str]) -> frozenset[str]:
+    """The names under ``key`` of a record (absent: none), each one of its files."""
+    value = raw.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        raise ValueError(f"{key} is not a list of names")
+    if not set(value) <= set(names):
+        raise ValueError(f"{key} is not a list of the record's files")
+    return frozenset(value)
 
 
 def _record_int(raw: dict[str, object], key: str, high: int = 2**64 - 1) -> int:

@@ -34,6 +34,7 @@ from sidecar import backlog, final
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
+from sidecar.pieces import SpreadUpload
 from sidecar.safefs import FileChanged
 from sidecar.staging import StagedJob
 from sidecar.storage.base import PartGate, Store, StoreError
@@ -334,6 +335,20 @@ class Uploader:
         else:
             job.close()
 
+    def _spread(self, job: StagedJob, gate: PartGate | None) -> SpreadUpload | None:
+        """How ``job`` is uploaded in pieces with the other nodes, when every node wrote it."""
+        cfg = self._config
+        if not job.copies or cfg.nnodes < 2:
+            return None
+        return SpreadUpload(
+            self._store,
+            job.step,
+            node_rank=cfg.node_rank,
+            nnodes=cfg.nnodes,
+            min_piece=cfg.piece_min_size,
+            gate=gate,
+        )
+
     async def _upload(self, job: StagedJob, gate: PartGate | None) -> None:
         cfg = self._config
         log.info("uploading checkpoint-%d (%s, %d files)", job.step, job.kind, len(job.files))
@@ -367,6 +382,8 @@ class Uploader:
                 marks=lambda: (job.local, job.shim_loads),
                 committing=lambda: self._past_cancelling(job),
                 staged_at=job.staged_at,
+                spread=self._spread(job, gate),
+                replicas=lambda: job.replicas,
             )
         self._failures.pop(job.id, None)
         self._metrics.upload_bytes.inc(result.size)

@@ -103,10 +103,14 @@ class Store(abc.ABC):
         checked against what was sent: a mismatch is a VerificationError."""
 
     @abc.abstractmethod
-    async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
+    async def get_file(
+        self, key: str, fd: int, size: int, crc32c: str, offset: int | None = None
+    ) -> None:
         """Download into the open, empty file ``fd`` (the caller made it, without
         following any symlink, and closes it); raises VerificationError unless size and
-        CRC32C match. Not forced to disk: the trainer reads it from the page cache, and
+        CRC32C match. ``offset``: the object is a piece of the file, written from there
+        (the caller sized the file; other pieces may be written into it meanwhile).
+        Not forced to disk: the trainer reads it from the page cache, and
         a restore checks the CRC32C of every file it finds in place before trusting it,
         so what a crash left half written is fetched again (an fsync here cost a restore
         nearly as much CPU as the rest of the download, in writeback charged to the

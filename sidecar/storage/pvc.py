@@ -196,7 +196,7 @@ class DirectoryStore(Store):
         finally:
             os.close(root)
 
-    def _get(self, key: str, fd: int, size: int, crc32c: str) -> None:
+    def _get(self, key: str, fd: int, size: int, crc32c: str, base: int) -> None:
         crc = 0
         written = 0
         source = self._open(key)
@@ -204,7 +204,7 @@ class DirectoryStore(Store):
             if source.size != size:
                 raise WrongObject(f"{key} is {source.size} bytes, the manifest says {size}")
             while written <= size and (chunk := os.pread(source.fd, COPY_CHUNK, written)):
-                os.pwrite(fd, chunk, written)
+                os.pwrite(fd, chunk, base + written)
                 written += len(chunk)
                 crc = google_crc32c.extend(crc, chunk)
         finally:
@@ -214,9 +214,11 @@ class DirectoryStore(Store):
         if checksum.encode(crc) != crc32c:
             raise VerificationError(f"{key}: CRC32C does not match the manifest")
 
-    async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
+    async def get_file(
+        self, key: str, fd: int, size: int, crc32c: str, offset: int | None = None
+    ) -> None:
         try:
-            await settle.in_thread(self._get, key, fd, size, crc32c)
+            await settle.in_thread(self._get, key, fd, size, crc32c, offset or 0)
         except FileNotFoundError as exc:
             raise WrongObject(f"missing object {key}") from exc
         except safefs.UnsafeError as exc:

@@ -379,13 +379,22 @@ class S3Store(Store):
         return count, whole
 
     async def _fetch_range(
-        self, key: str, fd: int, start: int, length: int, file_lock: threading.Lock, *, size: int
+        self,
+        key: str,
+        fd: int,
+        start: int,
+        length: int,
+        file_lock: threading.Lock,
+        *,
+        size: int,
+        base: int,
     ) -> int:
-        """GET one range of the ``size``-byte object ``key`` and write it at its offset as
-        it streams in, in pieces of at most WRITE_CHUNK, so memory stays bounded whatever
-        the range size; returns its CRC32C (a retry rewrites the whole range and starts the
-        CRC over). The answer's Content-Range says the object's size: another one than
-        ``size``, or no object at all, is a WrongObject, at no extra request."""
+        """GET one range of the ``size``-byte object ``key`` and write it at its offset
+        (from ``base`` in the file) as it streams in, in pieces of at most WRITE_CHUNK, so
+        memory stays bounded whatever the range size; returns its CRC32C (a retry rewrites
+        the whole range and starts the CRC over). The answer's Content-Range says the
+        object's size: another one than ``size``, or no object at all, is a WrongObject,
+        at no extra request."""
         client = await self._c()
 
         def write(pieces: list[bytes], offset: int, crc: int) -> int:
@@ -421,11 +430,11 @@ class S3Store(Store):
                     pieces.append(chunk)
                     pending += len(chunk)
                     if pending >= WRITE_CHUNK:
-                        crc = await settle.in_thread(write, pieces, start + received, crc)
+                        crc = await settle.in_thread(write, pieces, base + start + received, crc)
                         received += pending
                         pieces, pending = [], 0
             if pieces:
-                crc = await settle.in_thread(write, pieces, start + received, crc)
+                crc = await settle.in_thread(write, pieces, base + start + received, crc)
                 received += pending
             if received != length:
                 raise VerificationError(
@@ -436,7 +445,9 @@ class S3Store(Store):
         async with self._get_slots:
             return await self.policy.run(f"get {self._uri}/{key} @{start}", call)
 
-    async def get_file(self, key: str, fd: int, size: int, crc32c: str) -> None:
+    async def get_file(
+        self, key: str, fd: int, size: int, crc32c: str, offset: int | None = None
+    ) -> None:
         """Ranged parallel download; each range's CRC32C is taken while its bytes are in
         memory and the ranges' CRCs are combined, so the file is never read back. An empty
         file takes no range: its one request is a HEAD, that it is there and empty."""
@@ -446,7 +457,8 @@ class S3Store(Store):
                 raise WrongObject(f"missing object {key}")
             if info.size:
                 raise WrongObject(f"{key} is {info.size} bytes, the manifest says 0")
-        os.ftruncate(fd, size)
+        if offset is None:
+            os.ftruncate(fd, size)
         # One write into the file at a time: concurrent writers of one file queue on its
         # inode lock in the kernel, spinning on the CPU while the holder copies (most of a
         # download's CPU here); waiting on this lock costs none.
@@ -454,7 +466,9 @@ class S3Store(Store):
 
         async def fetch(start: int) -> tuple[int, int]:
             length = min(self.range_size, size - start)
-            crc = await self._fetch_range(key, fd, start, length, file_lock, size=size)
+            crc = await self._fetch_range(
+                key, fd, start, length, file_lock, size=size, base=offset or 0
+            )
             return crc, length
 
         ranges = await settle.all_or_none(fetch(s) for s in range(0, size, self.range_size))

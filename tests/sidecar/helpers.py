@@ -10,6 +10,7 @@ from pathlib import Path
 from local.s3server import LocalS3
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
+from sidecar.pieces import SpreadUpload
 from sidecar.safefs import OpenedFile, open_path
 from sidecar.storage.base import Store
 from sidecar.storage.factory import open_store
@@ -36,8 +37,17 @@ async def commit(
     nproc_per_node: int | None = None,
     local: frozenset[str] = frozenset(),
     shim_loads: bool = False,
+    replicas: frozenset[str] | None = None,
+    min_piece: int = 64 * 1024,
 ) -> CommitResult:
+    """Node ``node_rank`` commits ``directory`` as ``checkpoint-<step>``; ``replicas``
+    (not None): a ``copies`` checkpoint every node wrote, these files alike on each."""
     files = [open_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file()]
+    spread = None
+    if replicas is not None:
+        spread = SpreadUpload(
+            store, step, node_rank=node_rank, nnodes=nnodes, min_piece=min_piece
+        )
     try:
         return await commit_node(
             store,
@@ -51,6 +61,8 @@ async def commit(
             shim_loads=shim_loads,
             pod="pod-a",
             job="job-1",
+            spread=spread,
+            replicas=lambda: replicas or frozenset(),
         )
     finally:
         for opened in files:

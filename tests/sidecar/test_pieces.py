@@ -1,0 +1,145 @@
+"""A checkpoint every node wrote (``copies``): its replicated files stored once, each
+node uploading a piece of each large one, node 0 checking every piece against its own
+bytes before it lists the file; a restore on any node puts the same bytes back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from sidecar import manifest as mf
+from sidecar import pieces
+from sidecar.config import AgentConfig
+from sidecar.nodefiles import NodeLayout
+from sidecar.restore import restore
+from sidecar.storage.base import Store
+from sidecar.storage.factory import open_store
+from tests.sidecar.helpers import commit
+
+MODEL = 3 * 1024 * 1024 + 5  # a replica: in two pieces, one a node
+STATE = 300  # a small replica: uploaded whole by node 0 alone
+OWN = 1024 * 1024  # a node's own large file (its rank's): in pieces, all its own
+
+
+def _write(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def _nodes(tmp_path: Path, *, node1_model: bytes | None = None) -> list[dict[str, bytes]]:
+    """What two nodes wrote of one checkpoint: the same replicas, their own rank files."""
+    model, state = os.urandom(MODEL), os.urandom(STATE)
+    return [
+        {"model.safetensors": model, "trainer_state.json": state, "rng_state_0.pth": b"r0"},
+        {
+            "model.safetensors": model if node1_model is None else node1_model,
+            "trainer_state.json": state,
+            "rng_state_1.pth": b"r1",
+            "rank-1-extra.bin": os.urandom(OWN),
+        },
+    ]
+
+
+REPLICAS = frozenset({"model.safetensors", "trainer_state.json"})
+
+
+async def _commit_both(
+    store: Store, tmp_path: Path, nodes: list[dict[str, bytes]], *, late: float = 0.0
+) -> list[mf.Manifest]:
+    async def one(node: int) -> mf.Manifest:
+        if node == 1:
+            await asyncio.sleep(late)
+        source = _write(tmp_path / f"node-{node}-src", nodes[node])
+        result = await commit(
+            store, source, 40, node_rank=node, nnodes=2, kind="jit", replicas=REPLICAS
+        )
+        return result.manifest
+
+    return list(await asyncio.gather(one(0), one(1)))
+
+
+async def _restored(store: Store, tmp_path: Path, node: int) -> dict[str, bytes]:
+    result = await restore(store, tmp_path / f"restore-{node}", NodeLayout(node, 2, None), "p")
+    assert result.step == 40, result
+    root = Path(result.path)
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _bytes_stored(listed: list[tuple[str, int]]) -> int:
+    """The checkpoint's bytes in the store, its manifests and commit record aside."""
+    meta = mf.meta_dir(40)
+    return sum(size for key, size in listed if not key.startswith(meta) or "/pieces/" in key)
+
+
+def test_each_node_uploads_a_piece_of_a_replica_and_every_node_restores_it_whole(
+    config: AgentConfig, tmp_path: Path
+) -> None:
+    nodes = _nodes(tmp_path)
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            first, second = await _commit_both(store, tmp_path, nodes)
+            listed = [(o.key, o.size) for o in await store.list_objects("checkpoint-40/")]
+            for node in (0, 1):
+                assert await _restored(store, tmp_path, node) == {**nodes[0], **nodes[1]}
+        model = {e.path: e for e in first.files}["model.safetensors"]
+        assert [p.node for p in model.pieces] == [0, 1]
+        assert [s.path for s in second.sent] == ["model.safetensors"]
+        assert {e.path for e in first.files} == {*REPLICAS, "rng_state_0.pth"}
+        assert {e.path for e in second.files} == {"rng_state_1.pth", "rank-1-extra.bin"}
+        extra = {e.path: e for e in second.files}["rank-1-extra.bin"]
+        assert [p.node for p in extra.pieces] == [1, 1]  # its own: both pieces by node 1
+        whole = sum(len(v) for v in nodes[0].values()) + len(nodes[1]["rng_state_1.pth"])
+        whole += OWN
+        assert _bytes_stored(listed) == whole  # the replicas once, not once a node
+
+    asyncio.run(main())
+
+
+def test_a_piece_of_other_bytes_is_uploaded_by_node_0_and_the_restore_is_node_0_s(
+    config: AgentConfig, tmp_path: Path
+) -> None:
+    nodes = _nodes(tmp_path, node1_model=os.urandom(MODEL))
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            first, second = await _commit_both(store, tmp_path, nodes)
+            restored = await _restored(store, tmp_path, 1)
+        model = {e.path: e for e in first.files}["model.safetensors"]
+        assert [p.node for p in model.pieces] == [0, 0]
+        assert second.sent  # it sent its piece, which node 0 did not take
+        assert restored["model.safetensors"] == nodes[0]["model.safetensors"]
+
+    asyncio.run(main())
+
+
+def test_a_node_that_commits_after_node_0_s_wait_costs_node_0_its_piece_only(
+    config: AgentConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 is slow: node 0 waits its while, then uploads node 1's piece itself; the
+    checkpoint is committed once node 1's manifest comes, and restores node 0's bytes."""
+    monkeypatch.setattr(pieces, "MIN_WAIT", 0.3)
+    nodes = _nodes(tmp_path)
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            first, _ = await _commit_both(store, tmp_path, nodes, late=1.5)
+            for node in (0, 1):
+                assert await _restored(store, tmp_path, node) == {**nodes[0], **nodes[1]}
+        model = {e.path: e for e in first.files}["model.safetensors"]
+        assert [p.node for p in model.pieces] == [0, 0]
+
+    asyncio.run(main())
+
+
+def test_the_plan_gives_a_piece_a_node_and_none_below_the_smallest() -> None:
+    assert pieces.plan(100, 4, 10) == [25, 25, 25, 25]
+    assert pieces.plan(101, 4, 10) == [26, 26, 26, 23]
+    assert pieces.plan(30, 8, 10) == [10, 10, 10]
+    assert pieces.plan(19, 8, 10) == []  # one piece: stored whole
+    assert pieces.plan(10**9, 1024, 64 << 20) == [71428572] * 13 + [71428564]  # 14 of 64 MiB+
