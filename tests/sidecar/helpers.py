@@ -45,9 +45,7 @@ async def commit(
     files = [open_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file()]
     spread = None
     if replicas is not None:
-        spread = SpreadUpload(
-            store, step, node_rank=node_rank, nnodes=nnodes, min_piece=min_piece
-        )
+        spread = SpreadUpload(store, step, node_rank=node_rank, nnodes=nnodes, min_piece=min_piece)
     try:
         return await commit_node(
             store,
