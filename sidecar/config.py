@@ -26,8 +26,6 @@ ENV_CONCURRENCY = "JITCKPT_UPLOAD_CONCURRENCY"  # parts in flight per store
 # Downloads have their own range size and concurrency: stores cost per request, and a
 # restore is on the job's critical path, so it fetches larger ranges, more at once.
 ENV_DOWNLOAD_RANGE_SIZE = "JITCKPT_DOWNLOAD_RANGE_SIZE"  # bytes per ranged GET
-# The smallest piece a replicated file is split into over the nodes (``pieces``), bytes.
-ENV_PIECE_MIN_SIZE = "JITCKPT_PIECE_MIN_SIZE"
 ENV_DOWNLOAD_CONCURRENCY = "JITCKPT_DOWNLOAD_CONCURRENCY"  # ranges in flight per store
 ENV_S3_READ_TIMEOUT = "JITCKPT_S3_READ_TIMEOUT"  # seconds before a stalled read is retried
 ENV_S3_MAX_ATTEMPTS = "JITCKPT_S3_MAX_ATTEMPTS"  # per request, botocore and our own loop
@@ -55,7 +53,6 @@ MIN_RANGE_SIZE = 1024 * 1024  # below this, per-request cost dominates any store
 # A piece per node, none smaller: a restore reads every piece, so a piece per node of a
 # small file would make its requests follow the job's size, not the file's.
 PIECE_MIN_SIZE = 64 * 1024 * 1024
-MIN_PIECE_MIN_SIZE = 64 * 1024
 
 _INTEGER = re.compile(r"[0-9]{1,9}")
 _TRUE = {"1", "true", "yes", "on"}
@@ -136,7 +133,7 @@ class AgentConfig(BaseModel):
     concurrency: int = Field(default=4, ge=1, le=64)
     download_range_size: int = Field(default=DOWNLOAD_RANGE_SIZE, ge=MIN_RANGE_SIZE)
     download_concurrency: int = Field(default=DOWNLOAD_CONCURRENCY, ge=1, le=64)
-    piece_min_size: int = Field(default=PIECE_MIN_SIZE, ge=MIN_PIECE_MIN_SIZE)
+    piece_min_size: int = Field(default=PIECE_MIN_SIZE, ge=64 * 1024)  # piece-min-size
     s3_read_timeout: float = Field(default=60.0, gt=0)
     s3_max_attempts: int = Field(default=8, ge=1)
     torn_min_age: float = Field(default=3600.0, ge=0)
@@ -218,7 +215,7 @@ class AgentConfig(BaseModel):
             "concurrency": ENV_CONCURRENCY,
             "download_range_size": ENV_DOWNLOAD_RANGE_SIZE,
             "download_concurrency": ENV_DOWNLOAD_CONCURRENCY,
-            "piece_min_size": ENV_PIECE_MIN_SIZE,
+            "piece_min_size": layout.ENV_PIECE_MIN_SIZE,
             "s3_read_timeout": ENV_S3_READ_TIMEOUT,
             "s3_max_attempts": ENV_S3_MAX_ATTEMPTS,
             "torn_min_age": ENV_TORN_MIN_AGE,

@@ -19,7 +19,7 @@ from typing import Any
 
 from jitckpt import destination as grammar
 from shim import layout
-from webhook import identity, images
+from webhook import identity, images, settings
 from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
 from webhook.jobs import TrainerPod
@@ -177,6 +177,9 @@ class _Plan:
             _env(layout.ENV_VERIFY_ACCESS, values["verify-access"]),
             _env(layout.ENV_RESUME, values["resume"]),
         ]
+        piece = values.get("piece-min-size")
+        if piece is not None:
+            env.append(_env(layout.ENV_PIECE_MIN_SIZE, str(settings.piece_bytes(piece))))
         if self.pvc:
             env.append(_env(layout.ENV_PVC_MOUNT, layout.PVC_MOUNT))
         if self.secret is not None:

@@ -108,6 +108,18 @@ def is_positive_quantity(value: str) -> bool:
     return quantity is not None and quantity > 0
 
 
+PIECE_MIN_SIZE = 64 * 1024  # the smallest piece-min-size: below, requests cost more than bytes
+
+
+def piece_bytes(value: str) -> int | None:
+    """``value`` (a Kubernetes quantity) as a whole number of bytes of at least
+    PIECE_MIN_SIZE, or None."""
+    quantity = parse_quantity(value)
+    if quantity is None or quantity != quantity.to_integral_value() or quantity < PIECE_MIN_SIZE:
+        return None
+    return int(quantity)
+
+
 def _int_range(low: int, high: int) -> Check:
     def check(value: str) -> bool:
         if not re.fullmatch(r"[0-9]+", value):
@@ -217,6 +229,13 @@ _SETTINGS = (
         "must be one of " + ", ".join(SIDECAR_MODES),
         _one_of(SIDECAR_MODES),
         "native sidecar (Kubernetes 1.29+) or legacy init container + container",
+    ),
+    Setting(
+        "piece-min-size",
+        None,
+        "must be a whole number of bytes of at least 64Ki, as a Kubernetes quantity (like 64Mi)",
+        lambda value: piece_bytes(value) is not None,
+        "smallest piece of a replicated file each node uploads of a checkpoint every node wrote",
     ),
     Setting(
         "upload-final",
