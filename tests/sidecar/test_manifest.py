@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from sidecar import checksum
 from sidecar import manifest as mf
 
 GOOD_ENTRY = {"path": "model.bin", "size": 3, "crc32c": "AAAAAA==", "parts": 1}
@@ -60,6 +61,30 @@ def test_names_refused(path: str, rule: str) -> None:
         mf.check_path(path)
 
 
+def _pieced(
+    sizes: tuple[int, ...] = (6, 5),
+    crcs: tuple[str, ...] = ("hello ", "world"),
+    nodes: tuple[int, ...] = (0, 1),
+) -> dict[str, object]:
+    """The entry of the 11-byte file "hello world" stored in pieces; each piece's CRC32C
+    is that of the text given for it."""
+    return {
+        "path": "model.bin",
+        "size": 11,
+        "crc32c": checksum.of_bytes(b"hello world"),
+        "pieces": [
+            {"node": n, "size": s, "crc32c": checksum.of_bytes(c.encode())}
+            for n, s, c in zip(nodes, sizes, crcs, strict=False)
+        ],
+    }
+
+
+def test_a_file_in_pieces_round_trips_with_its_offsets() -> None:
+    manifest = mf.decode(_manifest(files=[_pieced()]))
+    assert manifest.files[0].offsets() == [0, 6]
+    assert mf.decode(mf.encode(manifest)) == manifest
+
+
 def test_a_valid_manifest_round_trips() -> None:
     manifest = mf.decode(_manifest())
     assert manifest.nnodes == 2 and manifest.files[0].path == "model.bin"
@@ -88,6 +113,11 @@ def test_a_valid_manifest_round_trips() -> None:
         ({"files": [dict(GOOD_ENTRY, parts=0)]}, "greater than or equal to 1"),
         ({"files": [GOOD_ENTRY] * (mf.MAX_FILES + 1)}, "at most"),
         ({"pod": "p" * 1000}, "at most 253"),
+        ({"files": [_pieced(sizes=(6, 4))]}, "are not its 11 bytes"),
+        ({"files": [_pieced(crcs=("world", "hello"))]}, "are not its CRC32C"),
+        ({"files": [_pieced(sizes=(11,), crcs=("hello world",))]}, "is one piece"),
+        ({"files": [_pieced(nodes=(0, 2))]}, "names a node beyond nnodes"),
+        ({"sent": [{"path": "../x", "index": 1, "size": 1, "crc32c": "AAAAAA=="}]}, "normal"),
     ],
 )
 def test_manifests_refused(fields: dict[str, object], rule: str) -> None:

@@ -143,3 +143,23 @@ def test_the_plan_gives_a_piece_a_node_and_none_below_the_smallest() -> None:
     assert pieces.plan(30, 8, 10) == [10, 10, 10]
     assert pieces.plan(19, 8, 10) == []  # one piece: stored whole
     assert pieces.plan(10**9, 1024, 64 << 20) == [71428572] * 13 + [71428564]  # 14 of 64 MiB+
+
+
+def test_a_piece_changed_in_the_store_is_found_by_the_restore_and_marks_it_torn(
+    config: AgentConfig, tmp_path: Path
+) -> None:
+    """The store is not trusted: a piece overwritten there after the commit, even of the
+    same size, fails its CRC32C at the node that downloads it; the checkpoint is torn."""
+    nodes = _nodes(tmp_path)
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            first, _ = await _commit_both(store, tmp_path, nodes)
+            model = {e.path: e for e in first.files}["model.safetensors"]
+            key = mf.piece_key(40, model.path, 1, model.pieces[1].node)
+            await store.put_bytes(key, os.urandom(model.pieces[1].size))
+            result = await restore(store, tmp_path / "r", NodeLayout(0, 2, None), "pod-a")
+        assert result.step is None
+        assert "CRC32C" in result.skipped[0].reason, result.skipped
+
+    asyncio.run(main())
