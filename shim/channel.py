@@ -175,10 +175,13 @@ class SidecarLink:
 
         A file list too long for one line is left out: the sidecar then takes
         every file of the staged directory, which is the same set. The ``local``
-        marks go first (every node then downloads those files too: bytes only).
+        marks go first (every node then downloads those files too: bytes only),
+        then the ``replicas`` (each node then uploads its files whole).
         """
         if len(protocol.encode(request)) > protocol.MAX_LINE:
             request = dataclasses.replace(request, local=())
+        if len(protocol.encode(request)) > protocol.MAX_LINE:
+            request = dataclasses.replace(request, replicas=())
         if len(protocol.encode(request)) > protocol.MAX_LINE:
             request = dataclasses.replace(request, files=())
         answer = self.call(request, timeout=STAGED_TIMEOUT)

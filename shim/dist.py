@@ -8,7 +8,7 @@ code serves ``python train.py`` and ``torchrun``.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 
 def _group() -> Optional[Any]:
@@ -40,6 +40,20 @@ def all_reduce_int(value: int, maximum: bool) -> int:
     return int(tensor.item())
 
 
+def all_gather_object(value: Any) -> List[Any]:
+    """Every rank's ``value`` (picklable), in rank order; ``[value]`` without a process group.
+
+    Collective: every rank calls it. torch sends the pickled objects as tensors on the
+    backend's device (NCCL: the current CUDA device, which the framework set per rank).
+    """
+    dist = _group()
+    if dist is None:
+        return [value]
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def barrier() -> None:
     """Wait for every rank (no-op without a process group)."""
     dist = _group()
@@ -52,6 +66,13 @@ def _env_int(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def local_world_size() -> int:
+    """How many processes of the job run on this node (torchrun's ``LOCAL_WORLD_SIZE``;
+    unknown: the whole world, as if it were one node)."""
+    world = _env_int("WORLD_SIZE", 1)
+    return _env_int("LOCAL_WORLD_SIZE", world)
 
 
 def ranks() -> dict[str, int]:

@@ -92,6 +92,8 @@ def stage(
     linked: Sequence[str] = (),
     local: Optional[Callable[[str], bool]] = None,
     shim_loads: bool = False,
+    copies: bool = False,
+    replicas: Sequence[str] = (),
 ) -> Staged:
     """Link every file of ``checkpoint_dir`` (or ``only`` these, relative and ``/``-separated)
     into a fresh ``staging_root/<id>/``, or into ``target_root`` where the files ``linked``
@@ -99,7 +101,8 @@ def stage(
 
     What it returns is the ``staged`` request that hands the links to the sidecar;
     ``local`` says which files only this node's ranks read on the same layout (none
-    without it: every node then downloads every file); ``shim_loads``: the request's.
+    without it: every node then downloads every file); ``shim_loads``, ``copies`` and
+    ``replicas`` (those among the files): the request's.
     """
     if target_root is None:
         target_root = new_target(checkpoint_dir, staging_root, kind)
@@ -107,7 +110,16 @@ def stage(
         for relative in only:
             if relative not in linked:
                 link_file(checkpoint_dir, target_root, relative)
-        return _request(step, kind, target_root, only, local, shim_loads=shim_loads)
+        return _request(
+            step,
+            kind,
+            target_root,
+            only,
+            local,
+            shim_loads=shim_loads,
+            copies=copies,
+            replicas=replicas,
+        )
     done = set(linked)
     files: List[str] = []
     for here, dirs, names in os.walk(checkpoint_dir):
@@ -122,7 +134,16 @@ def stage(
             if relative not in done:
                 _link(os.path.join(here, file_name), os.path.join(target_dir, file_name))
             files.append(relative)
-    return _request(step, kind, target_root, files, local, shim_loads=shim_loads)
+    return _request(
+        step,
+        kind,
+        target_root,
+        files,
+        local,
+        shim_loads=shim_loads,
+        copies=copies,
+        replicas=replicas,
+    )
 
 
 def _request(
@@ -133,8 +154,11 @@ def _request(
     local: Optional[Callable[[str], bool]],
     *,
     shim_loads: bool,
+    copies: bool,
+    replicas: Sequence[str],
 ) -> Staged:
     marked = tuple(name for name in files if local is not None and local(name))
+    shared = set(replicas) if copies else set()
     return Staged(
         step=step,
         kind=kind,
@@ -142,4 +166,6 @@ def _request(
         files=tuple(files),
         local=marked,
         shim_loads=shim_loads,
+        copies=copies,
+        replicas=tuple(name for name in files if name in shared),
     )

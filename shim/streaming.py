@@ -14,6 +14,10 @@ files, small files written otherwise) into the same staging directory and
 completes the checkpoint; only then can the sidecar commit it. A file handed
 over must still be in the checkpoint, as the same inode, when it is
 completed (one written aside and renamed is not what the checkpoint holds).
+Of a checkpoint every node writes (``copies``, said with each part), each
+node's ``staged`` names what it hands over (``copies.plan``): a copy handed
+over as it was written is left out of it when the nodes found it is no
+replica and a lower node has it.
 
 A save may write a file it wrote already: DeepSpeed ZeRO-3's under HF writes
 its whole checkpoint twice (``save_model`` saves it when the weights are not
@@ -41,6 +45,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from . import writecall
 from .channel import SidecarLink
+from .copies import Plan
 from .log import failed, say_once
 from .protocol import Staging
 from .staging import link_file, new_target, stage
@@ -58,9 +63,17 @@ class Stream:
     """One JIT checkpoint being streamed from this process."""
 
     def __init__(
-        self, link: SidecarLink, directory: str, staging_root: str, step: int, kind: str
+        self,
+        link: SidecarLink,
+        directory: str,
+        staging_root: str,
+        step: int,
+        kind: str,
+        *,
+        copies: bool = False,
     ) -> None:
         self.link = link
+        self.copies = copies  # every node writes this checkpoint (``Staging.copies``)
         self.directory = os.path.realpath(directory)
         self.staging_root = staging_root
         self.step = step
@@ -124,7 +137,9 @@ class Stream:
         if self.target is None:
             self.target = new_target(self.directory, self.staging_root, self.kind)
         link_file(self.directory, self.target, relative)
-        request = Staging(step=self.step, kind=self.kind, dir=self.target, files=(relative,))
+        request = Staging(
+            step=self.step, kind=self.kind, dir=self.target, files=(relative,), copies=self.copies
+        )
         if self.link.stage_part(request) is None:
             self.abandon("the sidecar did not take %s" % relative)
             return
@@ -143,11 +158,15 @@ class Stream:
         os.replace(aside, full)
 
     def finish(
-        self, local: Optional[Callable[[str], bool]] = None, shim_loads: bool = False
+        self,
+        local: Optional[Callable[[str], bool]] = None,
+        shim_loads: bool = False,
+        plan: Optional[Plan] = None,
     ) -> Optional[str]:
         """Hand over the rest and complete the checkpoint: its staged id, or None when
         nothing was streamed or streaming failed (the caller hands it over whole);
-        ``local`` and ``shim_loads``: ``staging.stage``'s."""
+        ``local`` and ``shim_loads``: ``staging.stage``'s; ``plan``: what this node hands
+        over of a checkpoint every node wrote (``copies``)."""
         if self.broken or self.target is None:
             return None
         try:
@@ -164,6 +183,9 @@ class Stream:
                 linked=self.handed,
                 local=local,
                 shim_loads=shim_loads,
+                only=plan.only if plan is not None else None,
+                copies=self.copies,
+                replicas=plan.replicas if plan is not None else (),
             )
             staged_id = self.link.stage(staged)
         except Exception as exc:

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
-from . import agreement, dist, final, pids, streaming
+from . import agreement, copies, dist, final, pids, streaming
 from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
@@ -73,14 +73,26 @@ def hand_over(
     *,
     local: LocalFiles = None,
     shim_loads: bool = False,
+    plan: Optional[copies.Plan] = None,
 ) -> Optional[str]:
     """Hard-link ``source`` into staging and tell the sidecar; the staged id, or None.
     ``shim_loads``: a framework's checkpoint the shim resumes from itself
-    (``protocol.Staged``), not a script's own directory."""
+    (``protocol.Staged``), not a script's own directory; ``plan``: what this node hands
+    over of a checkpoint every node wrote (``copies``)."""
     if not link.present():
         return None
     try:
-        staged = stage(source, staging_root, step, kind, local=local, shim_loads=shim_loads)
+        staged = stage(
+            source,
+            staging_root,
+            step,
+            kind,
+            local=local,
+            shim_loads=shim_loads,
+            only=plan.only if plan is not None else None,
+            copies=plan is not None,
+            replicas=plan.replicas if plan is not None else (),
+        )
     except OSError as exc:
         failed("staging %s" % source, exc)
         return None
@@ -133,6 +145,8 @@ class TrainingRun:
         self.hold_at_step = config.demo_hold_at_step
         self._held = False
         self._stream: Optional[streaming.Stream] = None  # the JIT checkpoint being streamed
+        # The JIT checkpoint's step and how its copies are told apart, when every node wrote it.
+        self._copies: Optional[Tuple[int, copies.Copies]] = None
         self.left = False  # some rank could no longer follow the loop: no more agreement
         self._agreement: Optional[agreement.StopAgreement] = None  # from the first step end
         # Collective, run by every rank at each look while the demo holds: a periodic checkpoint
@@ -261,15 +275,31 @@ class TrainingRun:
             time.sleep(HOLD_POLL_SECONDS)
 
     # -- after the framework saved ----------------------------------------------
-    def save_jit(self, directory: str, step: int, save: Callable[[], Any]) -> Any:
+    def save_jit(
+        self,
+        directory: str,
+        step: int,
+        save: Callable[[], Any],
+        every_node: Optional[copies.Copies] = None,
+    ) -> Any:
         """Run the framework's ``save`` of the JIT ``checkpoint-<step>`` into ``directory``;
         on local rank 0 each file it writes is handed to the sidecar as soon as it is
-        complete, so the upload overlaps the save (``stage`` completes it)."""
+        complete, so the upload overlaps the save (``stage`` completes it).
+
+        ``every_node``: on every rank of a job on several nodes, when ``save`` writes the
+        whole checkpoint on each node (``copies``); its sidecars then share the upload.
+        """
+        self._copies = (step, every_node) if every_node is not None else None
         stream: Optional[streaming.Stream] = None
         try:
             if dist.ranks()["local_rank"] == 0 and self.process.link.present():
                 stream = streaming.Stream(
-                    self.process.link, directory, self.config.staging_dir, step, KIND_JIT
+                    self.process.link,
+                    directory,
+                    self.config.staging_dir,
+                    step,
+                    KIND_JIT,
+                    copies=every_node is not None,
                 )
         except Exception as exc:
             failed("streaming the JIT checkpoint", exc)
@@ -290,6 +320,9 @@ class TrainingRun:
         """Every rank wrote ``directory``: local rank 0 hands it to the sidecar (completing
         it, when it was streamed while written); ``local``: ``staging.stage``'s.
 
+        Of a JIT checkpoint every node wrote (``save_jit``'s ``every_node``), the nodes
+        compare their files first, and each hands over its part (``copies.plan``).
+
         Collective, but for a checkpoint written behind the loop whose ranks' results
         said already that every rank wrote it (``written``; each rank may learn that at
         another step end, so no collective may follow). After a JIT save no rank leaves
@@ -297,16 +330,23 @@ class TrainingRun:
         """
         if not written:
             dist.barrier()  # every rank has finished writing its files
+        plan: Optional[copies.Plan] = None
+        every_node = self._copies
+        if every_node is not None and every_node[0] == step and kind == KIND_JIT:
+            self._copies = None
+            plan = copies.plan(directory, every_node[1])  # collective: the nodes' files compared
         if dist.ranks()["local_rank"] == 0:
             stream, streamed = self._stream, None
             if stream is not None and (stream.step, stream.kind) == (step, kind):
                 self._stream = None
-                streamed = stream.finish(local, shim_loads=True)
+                streamed = stream.finish(local, shim_loads=True, plan=plan)
                 if streamed is not None:
                     say("%s checkpoint-%d handed to the sidecar" % (kind, step))
             if streamed is None:
                 link, root = self.process.link, self.config.staging_dir
-                hand_over(link, directory, root, step, kind, local=local, shim_loads=True)
+                hand_over(
+                    link, directory, root, step, kind, local=local, shim_loads=True, plan=plan
+                )
         if kind == KIND_JIT:
             dist.barrier()
 

@@ -7,13 +7,18 @@ its ``sitecustomize`` run at interpreter start, ``JITCKPT_DIR`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from shim import protocol
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = REPO / "shim"
@@ -133,3 +138,66 @@ def checkpoint_steps(directory: Path) -> list[int]:
     if not directory.is_dir():
         return []
     return sorted(int(path.name.split("-")[1]) for path in directory.glob("checkpoint-*"))
+
+
+class Recorder:
+    """A Unix socket in front of the agent's that keeps the bytes each side sent."""
+
+    def __init__(self, listen: Path, upstream: Path) -> None:
+        self.upstream = upstream
+        self.conversations: list[tuple[bytearray, bytearray]] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(listen))
+        self._server.listen(64)
+        self._threads: list[threading.Thread] = []
+        self._start(self._accept)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                shim, _ = self._server.accept()
+            except OSError:
+                return
+            agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            agent.connect(str(self.upstream))
+            sent, answered = bytearray(), bytearray()
+            self.conversations.append((sent, answered))
+            self._start(self._pipe, shim, agent, sent)
+            self._start(self._pipe, agent, shim, answered)
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket, record: bytearray) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(OSError):
+                    target.shutdown(socket.SHUT_WR)
+                return
+            record += data
+            try:
+                target.sendall(data)
+            except OSError:
+                return
+
+    def requests(self) -> list[protocol.Request]:
+        """Every request the shim sent, on every connection, parsed through the schema."""
+        return [
+            protocol.decode_request(line) for sent, _ in self.conversations for line in lines(sent)
+        ]
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def lines(data: bytearray) -> list[bytes]:
+    """The complete lines of what one side sent."""
+    assert not data or data.endswith(b"\n"), "a line was cut short"
+    return [line for line in bytes(data).split(b"\n") if line]

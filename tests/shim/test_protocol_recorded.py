@@ -12,73 +12,13 @@ answered must get no line back.
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import socket
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from shim import protocol
 from shim.channel import Client
-from tests.shim.support import PYTHON, TRAIN_TINY, ShimEnv, Spawn
+from tests.shim.support import PYTHON, TRAIN_TINY, Recorder, ShimEnv, Spawn, lines
 from tests.sidecar.agentproc import AgentProcess
-
-
-class Recorder:
-    """A Unix socket in front of the agent's that keeps the bytes each side sent."""
-
-    def __init__(self, listen: Path, upstream: Path) -> None:
-        self.upstream = upstream
-        self.conversations: list[tuple[bytearray, bytearray]] = []
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(listen))
-        self._server.listen(64)
-        self._threads: list[threading.Thread] = []
-        self._start(self._accept)
-
-    def _start(self, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                shim, _ = self._server.accept()
-            except OSError:
-                return
-            agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            agent.connect(str(self.upstream))
-            sent, answered = bytearray(), bytearray()
-            self.conversations.append((sent, answered))
-            self._start(self._pipe, shim, agent, sent)
-            self._start(self._pipe, agent, shim, answered)
-
-    @staticmethod
-    def _pipe(source: socket.socket, target: socket.socket, record: bytearray) -> None:
-        while True:
-            try:
-                data = source.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                with contextlib.suppress(OSError):
-                    target.shutdown(socket.SHUT_WR)
-                return
-            record += data
-            try:
-                target.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._server.close()
-
-
-def _lines(data: bytearray) -> list[bytes]:
-    assert not data or data.endswith(b"\n"), "a line was cut short"
-    return [line for line in bytes(data).split(b"\n") if line]
 
 
 def _parse(recorder: Recorder) -> tuple[list[protocol.Request], list[protocol.Answer]]:
@@ -86,9 +26,9 @@ def _parse(recorder: Recorder) -> tuple[list[protocol.Request], list[protocol.An
     requests: list[protocol.Request] = []
     answers: list[protocol.Answer] = []
     for sent, answered in recorder.conversations:
-        mine = [protocol.decode_request(line) for line in _lines(sent)]
+        mine = [protocol.decode_request(line) for line in lines(sent)]
         expecting = [r for r in mine if protocol.OPS[r.OP].answered]
-        replies = _lines(answered)
+        replies = lines(answered)
         assert len(replies) == len(expecting), (mine, replies)
         answers += [
             protocol.decode_answer(line, r) for line, r in zip(replies, expecting, strict=True)

@@ -26,7 +26,9 @@ are written behind the training loop where the configuration allows it
 snapshotted and made in the background, and the checkpoint is staged once
 every rank has written it; a JIT save is synchronous, supersedes a
 periodic one still being written, and hands each file to the sidecar as soon
-as it is written (``TrainingRun.save_jit``).
+as it is written (``TrainingRun.save_jit``). The JIT save of a data-parallel
+job on several nodes is written by every node, so that each node's sidecar
+uploads a part of it (``copies``).
 Everything is feature-detected: a transformers without what is needed here
 gets no integration and one message, and trains as if the shim were absent.
 """
@@ -47,6 +49,7 @@ from ...log import failed, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import LocalFiles, TrainingRun
+from . import copies as hfcopies
 from . import data as hfdata
 from . import hidden as hfhidden
 from . import saves as hfsaves
@@ -154,6 +157,10 @@ class TrainerSession:
         if self.run.jit_step == step:
             if saves is not None:
                 saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
+            if hfcopies.spread(self.trainer):  # every node writes it, each uploads a part
+                save = hfcopies.each_node(self.trainer, save)
+                every_node = hfcopies.COPIES
+                return self.run.save_jit(self.checkpoint_dir(step), step, save, every_node)
             return self.run.save_jit(self.checkpoint_dir(step), step, save)
         if saves is None:
             return save()
