@@ -240,6 +240,23 @@ def _local(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
     return names
 
 
+def _replicas(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The ``replicas`` of a ``staged`` request: names among ``files`` (absent: none).
+
+    A replica is uploaded in part by every node (node 0 lists it, and checks the others'
+    parts against its own bytes), so a name the request does not list is refused: a
+    file of this node's alone marked a replica would be listed by no node.
+    """
+    if body.get("replicas") is None:
+        return ()
+    names = _names(body, "replicas")
+    listed = set(files)
+    for name in names:
+        if name not in listed:
+            raise ProtocolError("replicas names %r, which files does not list" % name[:80])
+    return names
+
+
 def _checkpoint_fields(body: Mapping[str, Any]) -> Tuple[int, str, str, Tuple[str, ...]]:
     """(step, kind, dir, files) of a message that hands checkpoint files over."""
     kind = body.get("kind")
@@ -330,6 +347,13 @@ class Staged:
     directories the shim only watched, which the script reads as it starts. It goes
     into the manifest, and decides when a later restore lets the trainer start
     (DESIGN 5, "Overlapped restore").
+
+    ``copies``: every node wrote this checkpoint, the files a framework writes on rank
+    0 alone included (HF's ``save_on_each_node`` for a JIT save), so that each node
+    uploads a part of each replicated file. ``replicas``: the files among ``files`` that
+    every node wrote with the same size (the ranks compared their lists); node 0 lists
+    each once, made of the parts every node uploaded, each checked against node 0's
+    bytes before commit. A file left out is uploaded whole by the node that has it.
     """
 
     OP: ClassVar[str] = "staged"
@@ -339,6 +363,8 @@ class Staged:
     files: Tuple[str, ...]
     local: Tuple[str, ...] = ()
     shim_loads: bool = False
+    copies: bool = False
+    replicas: Tuple[str, ...] = ()
 
     def to_wire(self) -> Dict[str, Any]:
         message = _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
@@ -346,12 +372,29 @@ class Staged:
             message["local"] = list(self.local)
         if self.shim_loads:
             message["shim_loads"] = True
+        if self.copies:
+            message["copies"] = True
+        if self.replicas:
+            message["replicas"] = list(self.replicas)
         return message
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Staged:
         step, kind, directory, files = _checkpoint_fields(body)
-        return cls(step, kind, directory, files, _local(body, files), _flag(body, "shim_loads"))
+        copies = _flag(body, "copies")
+        replicas = _replicas(body, files)
+        if replicas and not copies:
+            raise ProtocolError("replicas needs copies: only then did every node write them")
+        return cls(
+            step,
+            kind,
+            directory,
+            files,
+            _local(body, files),
+            _flag(body, "shim_loads"),
+            copies,
+            replicas,
+        )
 
 
 @dataclass(frozen=True)
@@ -363,7 +406,10 @@ class Staging:
     these again). A partial checkpoint whose ``staged`` never comes (the
     connection closes, it idles too long) is dropped, never committed. At most
     one is open per connection. A sidecar without this op refuses it, and the
-    shim then hands the whole directory over with ``staged`` alone.
+    shim then hands the whole directory over with ``staged`` alone. ``copies``: as
+    ``Staged``'s, said by the first ``staging`` of the checkpoint, so that each node
+    uploads its part of a large file as soon as it arrives (which of them are replicas
+    is known only once every node wrote its files: ``Staged.replicas``).
     """
 
     OP: ClassVar[str] = "staging"
@@ -371,16 +417,20 @@ class Staging:
     kind: str
     dir: str
     files: Tuple[str, ...]
+    copies: bool = False
 
     def to_wire(self) -> Dict[str, Any]:
-        return _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
+        message = _checkpoint_wire(self.OP, self.step, self.kind, self.dir, self.files)
+        if self.copies:
+            message["copies"] = True
+        return message
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> Staging:
         step, kind, directory, files = _checkpoint_fields(body)
         if not files:
             raise ProtocolError("files must name at least one file")
-        return cls(step, kind, directory, files)
+        return cls(step, kind, directory, files, _flag(body, "copies"))
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ async def commit_node(
     committing: Callable[[], None] | None = None,
     staged_at: float | None = None,
     spread: pieces.SpreadUpload | None = None,
-    replicas: Callable[[], frozenset[str]] = frozenset,
+    handed: Callable[[], pieces.Handed] | None = None,
 ) -> CommitResult:
     """Upload ``files`` under ``checkpoint-<step>/`` and commit (``arrivals``: the files
     arrive while this runs, ``files`` is ignored; ``marks``: then ``local`` and
@@ -75,8 +75,8 @@ async def commit_node(
     nodes' files that only their own ranks read (``nodefiles``). ``staged_at`` (seconds
     since the epoch) is the manifest's time; None: now. ``shim_loads``: the manifest's.
     ``spread``: a ``copies`` checkpoint, its large files uploaded in pieces by every node
-    (``pieces``); ``replicas`` then says, once every file is in, which files every node
-    wrote alike.
+    (``pieces``); ``handed`` then says, once every file is in, which files this node
+    hands over and which every node wrote alike.
     """
     started = time.monotonic()
 
@@ -86,7 +86,8 @@ async def commit_node(
     sent: list[mf.Sent] = []
     if spread is not None:
         arriving = arrivals if arrivals is not None else _arrived(files)
-        spreaded = await upload_spread(spread, arriving, replicas)
+        assert handed is not None, "a copies checkpoint says what is handed over"
+        spreaded = await upload_spread(spread, arriving, handed)
         entries, sent, retries = spreaded.entries, spreaded.sent, spreaded.retries
     elif arrivals is None:
         entries, retries = await upload_files(store, files, key_of, gate)
@@ -167,10 +168,10 @@ async def upload_arriving(
 
 
 async def upload_spread(
-    spread: pieces.SpreadUpload, arrivals: Arrivals, replicas: Callable[[], frozenset[str]]
+    spread: pieces.SpreadUpload, arrivals: Arrivals, handed: Callable[[], pieces.Handed]
 ) -> pieces.SpreadResult:
     """``upload_arriving`` for a ``copies`` checkpoint (``pieces``): each file handled as
-    it is accepted, the rest once the arrivals are closed and ``replicas`` can say."""
+    it is accepted, the rest once the arrivals are closed and ``handed`` can say."""
     slots = asyncio.Semaphore(FILES_IN_FLIGHT)
 
     async def one(source: OpenedFile) -> None:
@@ -182,7 +183,7 @@ async def upload_spread(
         async for source in arrivals.each():
             tasks.append(asyncio.create_task(one(source)))
         await asyncio.gather(*tasks)
-        return await spread.finish(replicas())
+        return await spread.finish(handed())
     except BaseException:
         await settle.cancel_and_wait(tasks)
         await spread.close()

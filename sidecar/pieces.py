@@ -83,6 +83,16 @@ class _File:
         return [sum(self.sizes[:i]) for i in range(len(self.sizes))]
 
 
+@dataclass(frozen=True)
+class Handed:
+    """What a node's completing ``staged`` says of a copies checkpoint: the files it hands
+    over (None: every one it staged; a copy streamed as written that a lower node has
+    with other bytes is left out) and which of them every node wrote alike."""
+
+    names: frozenset[str] | None
+    replicas: frozenset[str]
+
+
 @dataclass
 class SpreadResult:
     entries: list[mf.FileEntry]
@@ -145,12 +155,18 @@ class SpreadUpload:
         elif self.node == 0:
             await self._put_whole(item)
 
-    async def finish(self, replicas: frozenset[str]) -> SpreadResult:
+    async def finish(self, handed: Handed) -> SpreadResult:
         """Once every file arrived and was handled by ``arrived``: the rest, and what the
-        manifest lists (see the module)."""
+        manifest lists (see the module). A file not handed over is neither uploaded any
+        further nor listed (a piece of it sent already is left unread in the store)."""
         started = time.monotonic()
-        own = [item for name, item in self._files.items() if name not in replicas]
-        shared = [item for name, item in self._files.items() if name in replicas]
+        files = {
+            name: item
+            for name, item in self._files.items()
+            if handed.names is None or name in handed.names
+        }
+        own = [item for name, item in files.items() if name not in handed.replicas]
+        shared = [item for name, item in files.items() if name in handed.replicas]
         # This node's own files: whole, or every piece it has not sent yet.
         await settle.all_or_none(self._complete(item) for item in own)
         entries = [self._entry(item) for item in own]

@@ -84,6 +84,9 @@ class StagedJob:
     # which of its files every node wrote alike (``Staged.replicas``): uploaded in pieces.
     copies: bool = False
     replicas: frozenset[str] = frozenset()
+    # Of a copies checkpoint streamed, the names its ``staged`` lists (None: every file):
+    # a copy streamed as it was written that another node hands over is not this node's.
+    handed: frozenset[str] | None = None
 
     @property
     def complete(self) -> bool:
@@ -116,6 +119,7 @@ class StagedJob:
             "shim_loads": self.shim_loads,
             "copies": self.copies,
             "replicas": sorted(self.replicas),
+            "handed": None if self.handed is None else sorted(self.handed),
         }
 
 
@@ -314,6 +318,8 @@ class StagingArea:
         job.shim_loads = request.shim_loads
         job.copies = job.copies or request.copies
         job.replicas = frozenset(request.replicas) if job.copies else frozenset()
+        if job.copies and request.files:
+            job.handed = frozenset(request.files)
         try:
             self._write_record(job)
         except OSError as exc:
@@ -518,6 +524,7 @@ class _Record:
     shim_loads: bool = False
     copies: bool = False
     replicas: frozenset[str] = frozenset()
+    handed: frozenset[str] | None = None
 
     @classmethod
     def parse(cls, raw: object) -> _Record:
@@ -555,6 +562,7 @@ class _Record:
             shim_loads=flags[0],
             copies=flags[1],
             replicas=_record_names(raw, "replicas", names),
+            handed=None if raw.get("handed") is None else _record_names(raw, "handed", names),
         )
 
     def job(self, files: list[OpenedFile]) -> StagedJob:
@@ -568,6 +576,7 @@ class _Record:
             shim_loads=self.shim_loads,
             copies=self.copies,
             replicas=self.replicas,
+            handed=self.handed,
         )
 
 

@@ -34,7 +34,7 @@ from sidecar import backlog, final
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
 from sidecar.metrics import Metrics
-from sidecar.pieces import SpreadUpload
+from sidecar.pieces import Handed, SpreadUpload
 from sidecar.safefs import FileChanged
 from sidecar.staging import StagedJob
 from sidecar.storage.base import PartGate, Store, StoreError
@@ -383,7 +383,7 @@ class Uploader:
                 committing=lambda: self._past_cancelling(job),
                 staged_at=job.staged_at,
                 spread=self._spread(job, gate),
-                replicas=lambda: job.replicas,
+                handed=lambda: Handed(job.handed, job.replicas),
             )
         self._failures.pop(job.id, None)
         self._metrics.upload_bytes.inc(result.size)

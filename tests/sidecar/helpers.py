@@ -10,7 +10,7 @@ from pathlib import Path
 from local.s3server import LocalS3
 from sidecar.commit import CommitResult, commit_node
 from sidecar.config import AgentConfig
-from sidecar.pieces import SpreadUpload
+from sidecar.pieces import Handed, SpreadUpload
 from sidecar.safefs import OpenedFile, open_path
 from sidecar.storage.base import Store
 from sidecar.storage.factory import open_store
@@ -38,10 +38,12 @@ async def commit(
     local: frozenset[str] = frozenset(),
     shim_loads: bool = False,
     replicas: frozenset[str] | None = None,
+    handed: frozenset[str] | None = None,
     min_piece: int = 64 * 1024,
 ) -> CommitResult:
     """Node ``node_rank`` commits ``directory`` as ``checkpoint-<step>``; ``replicas``
-    (not None): a ``copies`` checkpoint every node wrote, these files alike on each."""
+    (not None): a ``copies`` checkpoint every node wrote, these files alike on each, and
+    ``handed`` (None: all) the files its ``staged`` lists of those that arrived."""
     files = [open_file(directory, p) for p in sorted(directory.rglob("*")) if p.is_file()]
     spread = None
     if replicas is not None:
@@ -60,7 +62,7 @@ async def commit(
             pod="pod-a",
             job="job-1",
             spread=spread,
-            replicas=lambda: replicas or frozenset(),
+            handed=lambda: Handed(handed, replicas or frozenset()),
         )
     finally:
         for opened in files:

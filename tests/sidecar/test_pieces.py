@@ -49,14 +49,30 @@ REPLICAS = frozenset({"model.safetensors", "trainer_state.json"})
 
 
 async def _commit_both(
-    store: Store, tmp_path: Path, nodes: list[dict[str, bytes]], *, late: float = 0.0
+    store: Store,
+    tmp_path: Path,
+    nodes: list[dict[str, bytes]],
+    *,
+    late: float = 0.0,
+    replicas: frozenset[str] = REPLICAS,
 ) -> list[mf.Manifest]:
+    """Both nodes commit what they wrote; node 1 hands over the replicas and the names
+    node 0 does not have (what the shim's ``copies.plan`` says)."""
+
     async def one(node: int) -> mf.Manifest:
         if node == 1:
             await asyncio.sleep(late)
         source = _write(tmp_path / f"node-{node}-src", nodes[node])
+        handed = None if node == 0 else replicas | (set(nodes[1]) - set(nodes[0]))
         result = await commit(
-            store, source, 40, node_rank=node, nnodes=2, kind="jit", replicas=REPLICAS
+            store,
+            source,
+            40,
+            node_rank=node,
+            nnodes=2,
+            kind="jit",
+            replicas=replicas,
+            handed=handed if handed is None else frozenset(handed),
         )
         return result.manifest
 
@@ -161,5 +177,27 @@ def test_a_piece_changed_in_the_store_is_found_by_the_restore_and_marks_it_torn(
             result = await restore(store, tmp_path / "r", NodeLayout(0, 2, None), "pod-a")
         assert result.step is None
         assert "CRC32C" in result.skipped[0].reason, result.skipped
+
+    asyncio.run(main())
+
+
+def test_a_copy_with_other_bytes_that_node_1_does_not_hand_over_is_node_0_s_alone(
+    config: AgentConfig, tmp_path: Path
+) -> None:
+    """HF's ``trainer_state.json`` differs on node 1 (``is_world_process_zero``): no
+    replica, streamed to node 1's sidecar as it was written, then left out of its
+    ``staged``. Node 1 uploads none of it, so node 0's object is never overwritten."""
+    nodes = _nodes(tmp_path)
+    nodes[1]["trainer_state.json"] = os.urandom(STATE)
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            first, second = await _commit_both(
+                store, tmp_path, nodes, replicas=frozenset({"model.safetensors"})
+            )
+            restored = await _restored(store, tmp_path, 1)
+        assert "trainer_state.json" in {e.path for e in first.files}
+        assert "trainer_state.json" not in {e.path for e in second.files}
+        assert restored["trainer_state.json"] == nodes[0]["trainer_state.json"]
 
     asyncio.run(main())
