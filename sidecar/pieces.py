@@ -237,17 +237,14 @@ class SpreadUpload:
                         index,
                         item.source.name,
                     )
-        taken = sum(len(i.stored) for i in shared)
         await settle.all_or_none(self._complete(item) for item in shared)
         others = sum(1 for i in shared for node, _ in i.stored.values() if node != 0)
         log.info(
-            "checkpoint-%d: %d replicated files in %d pieces, %d uploaded by the other "
-            "nodes (%d checked before)",
+            "checkpoint-%d: %d replicated files, %d of their %d pieces uploaded by the other nodes",
             self.step,
             len(shared),
-            sum(len(i.sizes) for i in shared),
             others,
-            taken,
+            sum(len(i.sizes) for i in shared),
         )
         return [self._entry(item) for item in shared]
 

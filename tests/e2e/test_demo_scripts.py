@@ -48,6 +48,7 @@ class Case:
     nproc_per_node: int = 1
     # What the script's own save_model() wrote after the resumed run, in node 0's directory.
     final: str = "*-model/model.safetensors"
+    sets: tuple[str, ...] = ()  # jitckpt.io/ settings on the namespace (``--set``)
 
     @property
     def id(self) -> str:
@@ -62,11 +63,13 @@ class Case:
         argv += ["--nnodes", str(self.nnodes), "--nproc-per-node", str(self.nproc_per_node)]
         argv += ["--preempt-at-step", str(self.step), "--preempt-nodes", self.preempt_nodes]
         argv += ["--kind", self.kind, "--workdir", str(workdir), "--keep"]
+        argv += [arg for setting in self.sets for arg in ("--set", setting)]
         return [*argv, "--compare"] if self.compare else argv
 
 
 CASES = [
-    Case(FAST, 2, "all", 23, kind="trainjob"),
+    # Pieces of 64 KiB: the optimizer's state is spread over both nodes' uploads.
+    Case(FAST, 2, "all", 23, kind="trainjob", sets=("piece-min-size=64Ki",)),
     Case(SLOW, 1, "all", 4),
     Case(FAST, 1, "all", 31, compare=False, nproc_per_node=2),
 ]
@@ -99,7 +102,13 @@ def run_demo(case: Case, workdir: Path) -> tuple[dict[str, Any], str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_unchanged_script_is_preempted_at_the_step_and_resumes(case: Case, tmp_path: Path) -> None:
     summary, account = run_demo(case, tmp_path / "demo")
-    check_preempted_and_resumed(case, summary, account, tmp_path)
+    context = check_preempted_and_resumed(case, summary, account, tmp_path)
+    if case.nnodes > 1:
+        # HF's Trainer writes the model and optimizer on rank 0 alone; its JIT checkpoint
+        # is written by every node, and node 1 uploaded a piece node 0 took.
+        node0 = Path(summary["sidecar_logs"]["preempted"][0]).read_text(errors="replace")
+        spread = re.search(r"(\d+) of their (\d+) pieces uploaded by the other nodes", node0)
+        assert spread is not None and int(spread.group(1)) >= 1, context
 
 
 @pytest.mark.slow
