@@ -75,12 +75,17 @@ def assert_preempted_and_resumed(summary: dict[str, Any], step: int, nnodes: int
     return int(jit)
 
 
-# Two nodes: SIGTERM to one pod only (S3, native sidecar, imported as
-# pytorch_lightning), and to both pods (pvc://, legacy sidecar).
+# Two nodes: SIGTERM to one pod only (S3, native sidecar, imported as pytorch_lightning,
+# a wider model in pieces of 64 KiB), and to both pods (pvc://, legacy sidecar). Both
+# nodes write the JIT checkpoint (copies); node 0 uploads a file smaller than two pieces.
 TWO_NODES: dict[str, tuple[int, tuple[str, list[str], list[str]]]] = {
     "one-pod-s3-native-pytorch_lightning": (
         5501,
-        ("one", [], ["--package", "pytorch_lightning"]),
+        (
+            "one",
+            ["--set", "piece-min-size=64Ki"],
+            ["--package", "pytorch_lightning", "--hidden", "512"],
+        ),
     ),
     "all-pods-pvc-legacy": (
         7703,
@@ -109,7 +114,12 @@ def two_node_demo(
 @pytest.mark.parametrize("case", list(TWO_NODES))
 def test_two_nodes_preempted_resume_bitwise(case: str, tmp_path: Path) -> None:
     seed, how = TWO_NODES[case]
-    two_node_demo(tmp_path, seed, MID_EPOCH, how)
+    _, summary = two_node_demo(tmp_path, seed, MID_EPOCH, how)
+    node0 = Path(summary["sidecar_logs"]["preempted"][0]).read_text(errors="replace")
+    spread = re.search(r"(\d+) replicated files, (\d+) of their (\d+) pieces", node0)
+    assert spread is not None and int(spread.group(1)) >= 1, node0[-3000:]  # model.ckpt
+    if "piece-min-size=64Ki" in how[1]:  # node 1 uploaded a piece of it
+        assert int(spread.group(2)) >= 1, node0[-3000:]
 
 
 @pytest.mark.slow

@@ -73,6 +73,7 @@ from ...log import failed, say, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
+from . import copies as lightningcopies
 from . import memory as lightning_memory
 from . import saves as lightningsaves
 from . import sharded as lightning_sharded
@@ -209,11 +210,13 @@ class FitSession:
         config: ShimConfig,
         strategy_base: Optional[type],
         sharded_class: Optional[type],
+        ddp_class: Optional[type] = None,
     ) -> None:
         self.trainer = trainer
         self.config = config
         self.strategy_base = strategy_base  # the package's Strategy (lightningsaves)
         self.sharded_class = sharded_class  # its ModelParallelStrategy (lightning_sharded)
+        self.ddp_class = ddp_class  # its DDPStrategy (lightningcopies)
         # Periodic saves behind the loop: the one file (saves), or the shards (sharded);
         # both None: synchronous saves.
         self.saves: Optional[asyncsave.BackgroundSaves] = None
@@ -426,6 +429,11 @@ class FitSession:
             if shards is not None and kind == KIND_PERIODIC:
                 if shards.save(lambda: trainer.save_checkpoint(path), directory, step):
                     return  # staged once every rank's shards are written
+            elif kind == KIND_JIT and lightningcopies.spread(
+                trainer, self.ddp_class, self.strategy_base
+            ):  # every node writes it, each node's sidecar uploads a part (``copies``)
+                save = lightningcopies.each_node(trainer, lambda: trainer.save_checkpoint(path))
+                self.run.save_jit(directory, step, save, lightningcopies.copies_of(RANK_FILE))
             else:
                 trainer.save_checkpoint(path)
             self.run.stage(directory, step, kind)
@@ -605,6 +613,7 @@ class Integration:
             self.config,
             self.parts.strategy_class("Strategy"),
             self.parts.strategy_class(lightning_sharded.STRATEGY),
+            self.parts.strategy_class("DDPStrategy"),
         )
         connector = getattr(trainer, "_signal_connector", None)
         if connector is not None and self.register is not None:
