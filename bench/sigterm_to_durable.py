@@ -92,6 +92,9 @@ DDP_CAP = 5 * MB
 # About 210 MB of model and AdamW state: the plain loop's replicated state is then above
 # 3 shares of 64 MiB (the shim's SHARE_BYTES) and makes 4, a writer on each of 4 nodes.
 DDP_STATE = 210 * MB
+# piece-min-size for every subject: HF's model file (a third of the state, 70 MB) makes
+# pieces for up to 4 nodes (the default, 64 MiB, splits only files of 128 MiB and more).
+DDP_PIECE_MIN = 16 << 20
 DDP_NODES_QUICK = (1, 2)
 # Above 2 shares of 64 MiB: 3 shares, a writer on each of 2 nodes.
 DDP_STATE_QUICK = 140 * MB
@@ -258,6 +261,7 @@ def run_capped(
         for rank, proxy in enumerate(proxies):
             proxy.limit_bandwidth(DDP_CAP)
             env = dict(s3_env, AWS_S3_ENDPOINT=proxy.endpoint)
+            env[layout.ENV_PIECE_MIN_SIZE] = str(DDP_PIECE_MIN)
             node = JitckptNode(
                 work / f"node-{rank}",
                 f"s3://{BUCKET}/{prefix}",
@@ -360,7 +364,8 @@ def ddp_cases(outcomes: DdpOutcomes, state_bytes: int) -> list[Case]:
     note = (
         "sigterm_to_durable_ddp: one process per node (torchrun, gloo, 127.0.0.1), each "
         f"node's agent behind its own fault proxy capped at {DDP_CAP / MB:.0f} MB/s each way; "
-        f"every node SIGTERMed after step {SIGTERM_AFTER_STEP}; committed = commit record in "
+        f"every node SIGTERMed after step {SIGTERM_AFTER_STEP}; piece-min-size "
+        f"{DDP_PIECE_MIN >> 20} MiB; committed = commit record in "
         "S3; the last step's end = node 0's timeline (the step in flight at SIGTERM, slower "
         "the more nodes share this machine's 2 cores); x = time(N) / (median time(1) / N), "
         "1 where it falls as 1/N"
