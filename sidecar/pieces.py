@@ -121,6 +121,7 @@ class SpreadUpload:
         self.gate = gate
         self.retries = 0
         self._files: dict[str, _File] = {}
+        self._began: float | None = None  # the first arrival: node 0's own share starts
 
     async def _put_piece(self, item: _File, index: int) -> None:
         start, size = item.starts[index], item.sizes[index]
@@ -143,6 +144,8 @@ class SpreadUpload:
 
     async def arrived(self, source: OpenedFile) -> None:
         """What can be uploaded of ``source`` before the replicas are known."""
+        if self._began is None:
+            self._began = time.monotonic()
         item = _File(source, plan(source.size, self.nnodes, self.min_piece))
         self._files[source.name] = item
         if item.sizes:
@@ -159,7 +162,6 @@ class SpreadUpload:
         """Once every file arrived and was handled by ``arrived``: the rest, and what the
         manifest lists (see the module). A file not handed over is neither uploaded any
         further nor listed (a piece of it sent already is left unread in the store)."""
-        started = time.monotonic()
         files = {
             name: item
             for name, item in self._files.items()
@@ -172,7 +174,8 @@ class SpreadUpload:
         entries = [self._entry(item) for item in own]
         sent: list[mf.Sent] = []
         if self.node == 0:
-            entries += await self._take_pieces(shared, time.monotonic() - started)
+            own_seconds = time.monotonic() - (self._began or time.monotonic())
+            entries += await self._take_pieces(shared, own_seconds)
         else:
             for item in shared:
                 for index, (_, crc) in sorted(item.stored.items()):
@@ -210,7 +213,8 @@ class SpreadUpload:
 
     async def _take_pieces(self, shared: list[_File], own_seconds: float) -> list[mf.FileEntry]:
         """Node 0: each replica's pieces from the nodes that sent them with node 0's bytes,
-        the rest uploaded by node 0 (see the module)."""
+        the rest uploaded by node 0 (see the module). ``own_seconds``: how long node 0's
+        own share took from its first file's arrival; the others get as long again."""
         for item in shared:
             if item.crcs is not None:
                 mine = await item.crcs
