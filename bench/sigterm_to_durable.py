@@ -278,7 +278,10 @@ def run_capped(
                     _torchrun(
                         nnodes, rank, port, _ddp_module_argv(subject, state_bytes, work, path)
                     ),
-                    env=node.trainer_env(),
+                    # One thread a trainer: 4 nodes' trainers on this machine's 2 cores, each
+                    # with a thread per core, made the step in flight at SIGTERM 3 to 4 s
+                    # (0.1 s on 1 node), where a cluster's nodes each have their own.
+                    env=node.trainer_env(dict(os.environ, OMP_NUM_THREADS="1")),
                     log=work / f"trainer-{rank}.log",
                 )
             )
@@ -367,7 +370,8 @@ def ddp_cases(outcomes: DdpOutcomes, state_bytes: int) -> list[Case]:
         f"every node SIGTERMed after step {SIGTERM_AFTER_STEP}; piece-min-size "
         f"{DDP_PIECE_MIN >> 20} MiB; committed = commit record in "
         "S3; the last step's end = node 0's timeline (the step in flight at SIGTERM, slower "
-        "the more nodes share this machine's 2 cores); x = time(N) / (median time(1) / N), "
+        "the more nodes share this machine's 2 cores; one thread a trainer); "
+        "x = time(N) / (median time(1) / N), "
         "1 where it falls as 1/N"
     )
     cases = []
