@@ -222,38 +222,23 @@ def _files(body: Mapping[str, Any]) -> Tuple[str, ...]:
     return _names(body, "files")
 
 
-def _local(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
-    """The ``local`` marks of a ``staged`` request: names among ``files`` (absent: none).
+def _marks(body: Mapping[str, Any], field: str, files: Tuple[str, ...]) -> Tuple[str, ...]:
+    """Names a ``staged`` request marks under ``field``, each among ``files`` (absent: none).
 
-    A mark only lets a restore on the same layout skip a file on other nodes, so
-    a name the request does not list is refused (a mark must never reach a file
-    the manifest does not hold), and so is a mark on a request that lists no
-    files (the whole directory: nothing to mark by name).
+    ``local``: a mark only lets a restore on the same layout skip a file on other
+    nodes, so it must never reach a file the manifest does not hold, nor mark a
+    request that lists no files (the whole directory: nothing to mark by name).
+    ``replicas``: a replica is uploaded in part by every node (node 0 lists it, and
+    checks the others' parts against its own bytes); a file of this node's alone
+    marked a replica would be listed by no node.
     """
-    if body.get("local") is None:
+    if body.get(field) is None:
         return ()
-    names = _names(body, "local")
+    names = _names(body, field)
     listed = set(files)
     for name in names:
         if name not in listed:
-            raise ProtocolError("local names %r, which files does not list" % name[:80])
-    return names
-
-
-def _replicas(body: Mapping[str, Any], files: Tuple[str, ...]) -> Tuple[str, ...]:
-    """The ``replicas`` of a ``staged`` request: names among ``files`` (absent: none).
-
-    A replica is uploaded in part by every node (node 0 lists it, and checks the others'
-    parts against its own bytes), so a name the request does not list is refused: a
-    file of this node's alone marked a replica would be listed by no node.
-    """
-    if body.get("replicas") is None:
-        return ()
-    names = _names(body, "replicas")
-    listed = set(files)
-    for name in names:
-        if name not in listed:
-            raise ProtocolError("replicas names %r, which files does not list" % name[:80])
+            raise ProtocolError("%s names %r, which files does not list" % (field, name[:80]))
     return names
 
 
@@ -382,7 +367,7 @@ class Staged:
     def from_wire(cls, body: Mapping[str, Any]) -> Staged:
         step, kind, directory, files = _checkpoint_fields(body)
         copies = _flag(body, "copies")
-        replicas = _replicas(body, files)
+        replicas = _marks(body, "replicas", files)
         if replicas and not copies:
             raise ProtocolError("replicas needs copies: only then did every node write them")
         return cls(
@@ -390,7 +375,7 @@ class Staged:
             kind,
             directory,
             files,
-            _local(body, files),
+            _marks(body, "local", files),
             _flag(body, "shim_loads"),
             copies,
             replicas,
