@@ -49,12 +49,37 @@ PYTHONPATH = "PYTHONPATH"
 # a mode readable by others lets the sidecar's user read them whatever the fsGroup. The
 # volume is mounted into the sidecar alone, so no other container sees the files.
 SECRET_FILE_MODE = 0o444
-# The startupProbe gates the trainer until the restore is done; a large
-# checkpoint may take hours to download, so allow 12 hours. The kubelet only
-# polls it: the trainer starts on average half a period after the restore, so
-# the period is the API's least (1 s), one local HTTP GET a second while restoring.
+# The startupProbe gates the trainer until the sidecar lets it start; a large
+# checkpoint may take hours to download, so allow 12 hours. The kubelet only polls:
+# an httpGet probe passes at the first period (1 s at least) after the sidecar is
+# ready, and its first one, at the container's start, always fails (the sidecar's
+# Python is not listening yet), so every pod's trainer started a second late. The
+# probe is an exec instead, whose command waits: it asks the sidecar's /readyz every
+# PROBE_POLL seconds for up to PROBE_WAIT (the Python of the sidecar's image, no site
+# packages), passing as soon as the sidecar is ready.
+PROBE_WAIT = 9
+PROBE_POLL = 0.05
+PROBE_TIMEOUT = PROBE_WAIT + 1
 PROBE_PERIOD = 1
-PROBE_FAILURES = 12 * 3600 // PROBE_PERIOD
+PROBE_FAILURES = 12 * 3600 // (PROBE_TIMEOUT + PROBE_PERIOD)
+WAIT_READY = (
+    "import http.client, os, sys, time\n"
+    f"end = time.monotonic() + {PROBE_WAIT}\n"
+    "while True:\n"
+    f"    c = http.client.HTTPConnection(os.environ['{layout.ENV_POD_IP}'], "
+    f"{layout.STATUS_PORT}, timeout=1)\n"
+    "    try:\n"
+    "        c.request('GET', '/readyz')\n"
+    "        if c.getresponse().status == 200:\n"
+    "            sys.exit(0)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    finally:\n"
+    "        c.close()\n"
+    "    if time.monotonic() > end:\n"
+    "        sys.exit(1)\n"
+    f"    time.sleep({PROBE_POLL})\n"
+)
 # /bin/sh only (no cat, no pkill): the trainer image may be minimal.
 PRESTOP_SCRIPT = (
     f"for f in {layout.RUN_DIR}/{layout.PIDS_SUBDIR}/*.pid; do "
@@ -233,7 +258,13 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _startup_probe() -> dict[str, Any]:
-    return _probe("/readyz", PROBE_PERIOD, PROBE_FAILURES)
+    return {
+        "exec": {"command": ["python", "-I", "-S", "-c", WAIT_READY]},
+        "periodSeconds": PROBE_PERIOD,
+        "timeoutSeconds": PROBE_TIMEOUT,
+        "successThreshold": 1,
+        "failureThreshold": PROBE_FAILURES,
+    }
 
 
 def _legacy_probes() -> dict[str, Any]:

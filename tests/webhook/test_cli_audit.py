@@ -31,8 +31,8 @@ def as_live(pod: dict[str, Any]) -> dict[str, Any]:
     live["spec"]["nodeName"] = "gpu-node-7"
     for container in live["spec"].get("initContainers", []) + live["spec"]["containers"]:
         container.setdefault("terminationMessagePolicy", "File")
-        for probe in ("startupProbe",):
-            if probe in container:
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            if "httpGet" in container.get(probe, {}):
                 container[probe]["httpGet"].setdefault("host", "")
         for section in ("requests", "limits"):
             quantities = (container.get("resources") or {}).get(section) or {}
