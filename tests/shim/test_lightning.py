@@ -201,12 +201,14 @@ def test_sigterm_to_one_node_of_two_stops_both_at_the_same_step(tmp_path: Path) 
     step = int(stops[0])
     assert 5 <= step < 400
     assert all("fit() returned" not in output for output in outputs)
-    # Lightning writes the checkpoint on global rank 0; every rank writes its own state.
-    names = [
-        sorted(p.name for p in (env.checkpoints / f"checkpoint-{step}").iterdir())
-        for env in (env0, env1)
-    ]
-    assert names == [["jitckpt_rank_0.pt", "model.ckpt"], ["jitckpt_rank_1.pt"]]
+    # Lightning writes the checkpoint on global rank 0; for a JIT save of a job on two
+    # nodes each node's local rank 0 writes it too (so each sidecar uploads a piece of
+    # it), the same dict every rank dumped; every rank writes its own state.
+    directories = [env.checkpoints / f"checkpoint-{step}" for env in (env0, env1)]
+    names = [sorted(p.name for p in directory.iterdir()) for directory in directories]
+    assert names == [["jitckpt_rank_0.pt", "model.ckpt"], ["jitckpt_rank_1.pt", "model.ckpt"]]
+    sizes = {(directory / "model.ckpt").stat().st_size for directory in directories}
+    assert len(sizes) == 1, sizes  # a replica: one size on every node
     # Lightning's own SIGTERM handling stayed out (it would broadcast and raise).
     assert all("Received SIGTERM" not in output for output in outputs)
 
