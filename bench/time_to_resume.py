@@ -6,8 +6,8 @@ through the local pod runner, the way bench/goodput.py runs every attempt
 (the resumed pod is stopped a few steps later):
 - jitckpt: the injected pod's sidecar starts and chooses the newest valid
   checkpoint; when the shim loads it (a framework save), the sidecar reports
-  ready at once and the trainer starts during the download (the kubelet's
-  next startupProbe, 1 s apart: the API's least). The trainer's interpreter,
+  ready at once and the trainer starts during the download (the startupProbe,
+  an exec that asks the sidecar every 50 ms, passes). The trainer's interpreter,
   imports and model construction run while the bytes arrive, and the shim
   waits for the restore only where the framework reads the checkpoint.
 - peer: the pod's command runs `s5cmd ls` for the newest complete checkpoint,
@@ -25,8 +25,8 @@ jitckpt's injected pod against the same pod without jitckpt (the script alone,
 as goodput's floor runs it), from the pod's start to its first step, the
 subjects alternating. The same starts taken apart, each from the pod's start:
 jitckpt's agent ready (its log's "ready": the startupProbe may pass from then
-on), the trainer's process start (the probe passed: the kubelet's next 1 s
-period), the script's first line (the interpreter and the shim's activation),
+on), the trainer's process start (the probe passed: its exec asks every 50 ms),
+the script's first line (the interpreter and the shim's activation),
 its imports done (torch and transformers, the shim's post-import hooks), the
 first step (the model, the Trainer and the shim's hello); and the trainer's
 own path, its process start to its first step (what the shim, and a sidecar
@@ -117,7 +117,7 @@ def fresh_starts(label: str, shape: ModelShape, reps: int, s3: LocalS3) -> list[
     note = (
         "time_to_resume: a new pod with nothing to restore through the local pod runner, "
         "subjects alternating; jitckpt's trainer starts at the startupProbe that passes "
-        "(the first comes at the sidecar's start, then one a second); the stages are each "
+        "(an exec at the sidecar's start that asks /readyz every 50 ms); the stages are each "
         "from the pod's start (agent ready: its log's 'ready' line)"
     )
 
