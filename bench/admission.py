@@ -162,7 +162,7 @@ def load(url: str, ca: Path, payload: Path, concurrency: int, requests: int) -> 
 
 
 def run(options: BenchOptions) -> list[Case]:
-    from local.s3server import free_port
+    from local.ports import free_port
 
     settings = plan(options)
     subjects = (JITCKPT, FLOOR)

@@ -108,7 +108,7 @@ class JitckptNode:
         return env
 
     def start(self, timeout: float = 120.0) -> JitckptNode:
-        from local.s3server import free_port
+        from local.ports import free_port
 
         self.local_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,8 @@ def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> Tra
 
 
 def run(options: BenchOptions) -> list[Case]:
-    from local.s3server import LocalS3, free_port
+    from local.ports import free_port
+    from local.s3server import LocalS3
 
     reps = options.repetitions(5, 3)
     steps = 60 if options.quick else 150

@@ -98,7 +98,7 @@ def training_rate(work: Path, env: dict[str, str], steps: int, port: int) -> Tra
 
 
 def step_case(options: BenchOptions, node: JitckptNode, work: Path) -> Case:
-    from local.s3server import free_port
+    from local.ports import free_port
 
     # A step here is about 50 ms: 240 steps (about 12 s) and 7 runs a subject resolve a
     # difference of 1%, which 60 steps (3 s, a start's jitter) did not.

@@ -32,7 +32,7 @@ from local.demo.jobpods import JobSpec
 from local.demo.jobrun import job_pods
 from local.demo.scenario import IMAGE_ENV  # the demo's image: no downloads, one OpenMP thread
 from local.podrunner import Node, ObjectStore, Pod, PodResult
-from local.s3server import free_port
+from local.ports import free_port
 from shim.layout import AGENT_CONTAINER
 from webhook.config import WebhookConfig
 from webhook.jobs import PT_CONTAINER

@@ -111,7 +111,7 @@ def restore_node(
 ) -> tuple[Counter[str], float]:
     """Node ``RESTORING_NODE``'s ``jitckpt agent --phase restore``: its requests and the
     restore's time as the agent logs it (checked: ``checkpoint-STEP``, every file it needs)."""
-    from local.s3server import free_port
+    from local.ports import free_port
 
     node = JitckptNode(
         work,

@@ -248,7 +248,7 @@ def run_capped(
 ) -> CappedOutcome:
     """A DDP job of ``nnodes`` nodes, each behind its own proxy capped at ``DDP_CAP``, every
     node SIGTERMed after step ``SIGTERM_AFTER_STEP``: how long until the commit record."""
-    from local.s3server import free_port
+    from local.ports import free_port
     from tests.support.faultproxy import FaultProxy
 
     prefix = "bench/durable-ddp"

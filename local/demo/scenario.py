@@ -46,7 +46,7 @@ from local.demo.saved import SavedComparison, compare_runs
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
 from local.podrunner import ImageRoot, Node, ObjectStore
-from local.s3server import free_port
+from local.ports import free_port
 from shim.layout import ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
 from webhook.config import WebhookConfig
 from webhook.injection import job_root

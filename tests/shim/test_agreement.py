@@ -83,7 +83,9 @@ class Job:
             with self.cond:
                 self.began[rank] = self.steps + 1  # gone: holds nobody back
                 self.cond.notify_all()
-        self.ended[rank] = (step, decision)
+        with self.cond:
+            self.ended[rank] = (step, decision)
+            self.cond.notify_all()
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -132,8 +134,15 @@ def test_a_rank_that_must_leave_after_its_post_takes_every_rank_with_it(
 def test_a_request_after_the_other_ranks_ended_does_not_hang(server: dist.TCPStore) -> None:
     """A SIGTERM at the last step of rank 0, after rank 1's run ended: rank 0 goes on."""
     job = Job(server, world=2, steps=5, seed=3)
-    job.delays[0] = [0.0] * 5 + [0.3]  # rank 1 is through its last step end first
-    ended = job.run(lambda rank, step: STOP if rank == 0 and step == 5 else GO)
+
+    def wants(rank: int, step: int) -> int:
+        if rank == 0 and step == 5:
+            with job.cond:  # the signal comes once rank 1 is through its last step end
+                assert job.cond.wait_for(lambda: 1 in job.ended, timeout=30)
+            return STOP
+        return GO
+
+    ended = job.run(wants)
     assert ended[1] == (5, None)
     assert ended[0] == (5, None)  # decided for step 6: the run ended before it
 

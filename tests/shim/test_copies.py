@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from local.s3server import LocalS3, free_port
+from local.ports import free_port
+from local.s3server import LocalS3
 from shim import copies, dist, layout, protocol
 from shim.frameworks.hf import copies as hfcopies
 from tests.shim.support import PYTHON, Proc, Recorder, ShimEnv, Spawn, checkpoint_steps

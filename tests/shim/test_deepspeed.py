@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from local.ports import free_port
 from tests.shim.support import PYTHON, REPO, TORCHRUN, ShimEnv, Spawn, checkpoint_steps
 
 DS_LOOP = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_deepspeed.py"
@@ -54,17 +54,11 @@ print(json.dumps({name: bool(local and local(name)) for name in names}))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_loop(shim_env: ShimEnv, stage: int, elastic: bool) -> subprocess.CompletedProcess[str]:
     env = {
         **shim_env.env,
         **{"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"},
-        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())},
+        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())},
     }
     out = shim_env.root / "ds-checkpoint"
     argv = [PYTHON, "-c", LOOP, str(stage), "1" if elastic else "0", str(out)]

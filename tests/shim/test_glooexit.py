@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from local.s3server import free_port
+from local.ports import free_port
 from shim import glooexit
 from tests.shim.support import TORCHRUN, ShimEnv
 

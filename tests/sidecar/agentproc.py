@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local.s3server import free_port
+from local.ports import free_port
 from shim import layout
 
 JITCKPT = str(Path(sys.executable).parent / "jitckpt")

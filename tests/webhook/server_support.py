@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from typing import Any
 import httpx
 import jsonpatch
 import yaml
+
+from local.ports import free_port
 
 FIXTURES = Path(__file__).parent / "testdata" / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -98,13 +99,6 @@ def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     ops = json.loads(base64.b64decode(response["patch"]))
     result: dict[str, Any] = jsonpatch.apply_patch(pod, ops)
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def jitckpt(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
