@@ -46,6 +46,7 @@ RECORD_KEY = f"{layout.FINAL_DIR}/{layout.MANIFEST_DIR}/final.json"
 MAX_RECORD_BYTES = mf.MAX_MANIFEST_BYTES + 4096  # a manifest, and the run's name around it
 RUN_PATTERN = r"^run-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{12}$"
 HEAD_CONCURRENCY = 16
+JUDGE_ATTEMPTS = 3  # a store that has a new model each time it is judged: the last verdict
 
 log = logging.getLogger(__name__)
 
@@ -223,14 +224,40 @@ async def _sweep(store: Store, keep: str, doomed: set[str], stale_after: float) 
 
 
 async def judge(store: Store) -> FinalState | None:
-    """The final model in the store, checked; None when ``final/`` is empty."""
+    """The final model in the store, checked; None when ``final/`` is empty.
+
+    The record and the listing are two reads, and a commit between them
+    deletes the files of the record read first: a broken model that is not.
+    So an invalid verdict stands only once the record is read again and is
+    still the one judged; otherwise the newer one is judged."""
+    state = await _judge_once(store)
+    for _ in range(JUDGE_ATTEMPTS - 1):
+        if state is None or state.valid or not await _replaced(store, state.record):
+            break
+        state = await _judge_once(store)
+    return state
+
+
+async def _replaced(store: Store, judged: FinalRecord | None) -> bool:
+    try:
+        record = await read_record(store)
+    except ValueError:
+        return False  # the unusable record is the verdict already given, or will be
+    return (record and record.run) != (judged and judged.run)
+
+
+async def _judge_once(store: Store) -> FinalState | None:
+    """The record first: a run's files are all in the store before its record names it, so
+    a listing after it misses them only when a newer record replaced it in between."""
+    try:
+        record, unusable = await read_record(store), ""
+    except ValueError as exc:
+        record, unusable = None, str(exc)
     objects = await store.list_objects(PREFIX)
     if not objects:
         return None
-    try:
-        record = await read_record(store)
-    except ValueError as exc:
-        return FinalState(False, str(exc), None, objects)
+    if unusable:
+        return FinalState(False, unusable, None, objects)
     if record is None:
         reason = "no commit record: the final model's upload did not finish"
         return FinalState(False, reason, None, objects)

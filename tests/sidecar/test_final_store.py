@@ -16,6 +16,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pytest
+
 from local.s3server import LocalS3
 from shim import layout, protocol
 from shim.channel import Client
@@ -23,7 +25,7 @@ from sidecar import checksum, final, safefs
 from sidecar import manifest as mf
 from sidecar.config import AgentConfig
 from sidecar.staging import StagedJob
-from sidecar.storage.base import Store, StoreError
+from sidecar.storage.base import ObjectInfo, Store, StoreError
 from sidecar.storage.factory import open_store
 from sidecar.validity import scan
 from tests.sidecar import shimtalk
@@ -99,10 +101,14 @@ class Reader(threading.Thread):
         self.destination, self.pvc = destination, pvc
         self.seen: list[Model] = []
         self.errors = 0
+        self.failure: BaseException | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
-        asyncio.run(self._loop())
+        try:
+            asyncio.run(self._loop())
+        except BaseException as failure:  # the test asserts on it: a thread's raise is lost
+            self.failure = failure
 
     async def _loop(self) -> None:
         config = AgentConfig(destination=self.destination, pvc_mount=self.pvc)
@@ -168,6 +174,7 @@ def test_final_model_replaced_whole_and_readers_never_see_a_mix(
     finally:
         agent.kill()
     assert list(agent.staging.iterdir()) == [], "the staged links are released once committed"
+    assert reader.failure is None, repr(reader.failure)
     assert reader.seen, "the reader read nothing"
     assert all(seen in (first, second) for seen in reader.seen), "a reader saw a mix"
     state, model = read_final(destination, pvc)
@@ -282,6 +289,51 @@ def test_torn_final_models_are_reported_with_the_reason(config: AgentConfig) -> 
     assert reasons[1] == "model.safetensors is 699 bytes, the record says 700"
     assert reasons[2] == "missing object model.safetensors"
     assert reasons[3].startswith("the record is unreadable")
+
+
+def _final_record(run: str, data: bytes, staged_at: float) -> final.FinalRecord:
+    entry = mf.FileEntry(path="model.safetensors", size=len(data), crc32c=checksum.of_bytes(data))
+    manifest = mf.Manifest(step=5, kind="final", node_rank=0, nnodes=1, files=[entry])
+    return final.FinalRecord(run=run, staged_at=staged_at, manifest=manifest)
+
+
+@pytest.mark.parametrize("replaced", ["before-the-listing", "after-the-listing"])
+def test_a_model_replaced_while_it_is_judged_is_never_reported_broken(
+    config: AgentConfig, replaced: str
+) -> None:
+    """A commit lands between ``judge``'s two reads (the record, the listing), in the order
+    ``final.commit`` writes: the new run's files, its record, the old run's files deleted.
+    Whichever read it falls between, the verdict is a valid model, never "missing object"."""
+    old, new = b"old weights" * 50, b"new weights" * 60
+    old_run, new_run = "run-20260101T000000Z-00000000000a", "run-20260102T000000Z-00000000000b"
+
+    async def commit(store: Store, run: str, data: bytes, staged_at: float) -> None:
+        await store.put_bytes(final.file_key(run, "model.safetensors"), data)
+        record = _final_record(run, data, staged_at)
+        await store.put_bytes(final.RECORD_KEY, record.model_dump_json().encode())
+
+    async def main() -> final.FinalState | None:
+        async with open_store(config) as store:
+            await commit(store, old_run, old, 1.0)
+            listing = store.list_objects
+            pending = [True]
+
+            async def list_objects(prefix: str = "") -> list[ObjectInfo]:
+                if not pending:
+                    return await listing(prefix)
+                pending.clear()
+                if replaced == "after-the-listing":
+                    seen = await listing(prefix)
+                await commit(store, new_run, new, 2.0)
+                await store.delete([final.file_key(old_run, "model.safetensors")])
+                return seen if replaced == "after-the-listing" else await listing(prefix)
+
+            store.list_objects = list_objects  # type: ignore[method-assign]
+            return await final.judge(store)
+
+    state = asyncio.run(main())
+    assert state is not None and state.valid, state
+    assert state.run in (old_run, new_run)  # the old one while its files were all there
 
 
 def test_an_older_final_model_never_replaces_a_newer_one(
