@@ -18,6 +18,11 @@ TORCHTITAN := torchtitan==0.3.0
 # through its CPU accelerator). Its setup imports torch, so it is built against the torch
 # installed here (--no-build-isolation); the constraints keep that torch.
 DEEPSPEED := deepspeed==0.19.8
+# The environment's bin first on PATH, as in an activated venv and in the demo's pods, for
+# every test process: DeepSpeed compiles its CPU communication op (shm) on first use with
+# whichever `ninja` PATH finds, and a build made by another ninja is built again (25 s
+# alone, minutes under the suite's load), so the whole suite must find the same one.
+VENV_PATH = PATH=$(abspath $(BIN)):$$PATH
 
 .PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench docs images images-deps images-check clean
 
@@ -32,6 +37,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps $(TORCHTITAN)
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation -c constraints.txt $(DEEPSPEED)
+	# Its shm op, compiled once here (into the user's torch extensions cache) rather than
+	# inside the first DeepSpeed test, where the other tests' load makes it minutes.
+	$(VENV_PATH) $(BIN)/python -c 'from deepspeed.accelerator import get_accelerator; \
+		get_accelerator().create_op_builder("ShareMemCommBuilder").load()'
 	touch $(STAMP)
 
 $(SCANNER): Makefile
@@ -53,7 +62,7 @@ typecheck-shim: setup
 	$(BIN)/mypy --python-version 3.9 --no-site-packages --no-warn-unused-ignores shim
 
 unit: setup
-	$(BIN)/pytest -m 'not slow' $(PYTEST_ARGS)
+	$(VENV_PATH) $(BIN)/pytest -m 'not slow' $(PYTEST_ARGS)
 
 # The suite in two workers (pytest-xdist): most of a test's time is one process starting
 # (torch, transformers) on one core, so a second worker fills the other. Tests that share
@@ -63,7 +72,7 @@ unit: setup
 # A part that PYTEST_ARGS leaves empty is no failure (pytest's exit status 5: no tests ran).
 PYTEST_WORKERS ?= 2
 PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
-PYTEST_PART = JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest
+PYTEST_PART = $(VENV_PATH) JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest
 # The checks before the tests are independent and mostly one core each: two at a time.
 test:
 	$(MAKE) -j2 --output-sync=target lint typecheck images-check
@@ -77,7 +86,7 @@ QUICK_TESTS = tests/webhook tests/sidecar tests/shim/test_units.py tests/shim/te
 	tests/shim/test_hidden_state.py tests/docs
 test-quick:
 	$(MAKE) -j2 --output-sync=target lint typecheck
-	$(BIN)/pytest $(PARALLEL) -m 'not slow and not serial' $(QUICK_TESTS) $(PYTEST_ARGS)
+	$(VENV_PATH) $(BIN)/pytest $(PARALLEL) -m 'not slow and not serial' $(QUICK_TESTS) $(PYTEST_ARGS)
 
 # Regenerate every golden file after an intended change of output, in one run:
 # the injector's pods and results and the CLI's whole-command outputs (every
