@@ -54,6 +54,29 @@ class Plan:
     replicas: Tuple[str, ...]
 
 
+def each_node_for_one_save(
+    switch: Callable[[], None], put_back: Callable[[], None], save: Callable[[], Any]
+) -> Any:
+    """``save`` run with the framework switched to write on every node, then put back.
+
+    The switch is the framework's own state (HF's ``save_on_each_node``, a Lightning
+    strategy's method): one that cannot be set leaves the save as the framework makes it
+    (node 0 alone writes, the copies fall back, see the module), and one that cannot be
+    put back is said, never raised into the program."""
+    try:
+        switch()
+    except Exception as exc:
+        failed("having every node write the JIT checkpoint", exc)
+        return save()
+    try:
+        return save()
+    finally:
+        try:
+            put_back()
+        except Exception as exc:
+            failed("setting the framework's save back as it was", exc)
+
+
 def listing(directory: str) -> Listing:
     """Every file under ``directory`` as (``/``-separated relative name, size), sorted."""
     found: List[Tuple[str, int]] = []

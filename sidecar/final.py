@@ -243,7 +243,8 @@ async def _replaced(store: Store, judged: FinalRecord | None) -> bool:
         record = await read_record(store)
     except ValueError:
         return False  # the unusable record is the verdict already given, or will be
-    return (record and record.run) != (judged and judged.run)
+    now = record.run if record is not None else None
+    return now != (judged.run if judged is not None else None)
 
 
 async def _judge_once(store: Store) -> FinalState | None:

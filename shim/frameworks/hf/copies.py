@@ -27,7 +27,7 @@ import sys
 from typing import Any, Callable, Iterator, List, Pattern
 
 from ... import dist
-from ...copies import Copies
+from ...copies import Copies, each_node_for_one_save
 from ...log import failed
 from . import data as hfdata
 from . import hidden as hfhidden
@@ -166,18 +166,13 @@ def each_node(trainer: Any, save: Callable[[], Any]) -> Callable[[], Any]:
         before = getattr(args, FLAG, False)
         if before is True:
             return save()  # the user's own choice: every node writes every checkpoint
-        try:
-            _set(args, True)
-        except Exception as exc:
-            failed("having every node write the JIT checkpoint", exc)
-            return save()
-        try:
+
+        def saved_as_asked() -> Any:
             with _pickled_as_set(args, before), _models_saved_where_asked():
                 return save()
-        finally:
-            try:
-                _set(args, before)
-            except Exception as exc:
-                failed("setting save_on_each_node back", exc)
+
+        return each_node_for_one_save(
+            lambda: _set(args, True), lambda: _set(args, before), saved_as_asked
+        )
 
     return run

@@ -19,7 +19,7 @@ import re
 from typing import Any, Callable, Optional
 
 from ... import dist
-from ...copies import Copies
+from ...copies import Copies, each_node_for_one_save
 from ...log import failed
 
 _METHOD = "save_checkpoint"
@@ -67,17 +67,10 @@ def each_node(trainer: Any, save: Callable[[], Any]) -> Callable[[], Any]:
                     checkpoint, filepath, storage_options=storage_options
                 )
 
-        try:
-            setattr(strategy, _METHOD, save_checkpoint)
-        except Exception as exc:
-            failed("having every node write the JIT checkpoint", exc)
-            return save()
-        try:
-            return save()
-        finally:
-            try:
-                delattr(strategy, _METHOD)
-            except Exception as exc:
-                failed("setting the strategy's save_checkpoint back", exc)
+        return each_node_for_one_save(
+            lambda: setattr(strategy, _METHOD, save_checkpoint),
+            lambda: delattr(strategy, _METHOD),
+            save,
+        )
 
     return run
