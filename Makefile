@@ -24,7 +24,7 @@ DEEPSPEED := deepspeed==0.19.8
 # alone, minutes under the suite's load), so the whole suite must find the same one.
 VENV_PATH = PATH=$(abspath $(BIN)):$$PATH
 
-.PHONY: setup test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench docs images images-deps images-check clean
+.PHONY: setup controlplane test test-quick lint typecheck typecheck-project typecheck-shim unit golden demo bench docs images images-deps images-check clean
 
 setup: $(STAMP) $(SCANNER)
 
@@ -72,10 +72,11 @@ unit: setup
 # A part that PYTEST_ARGS leaves empty is no failure (pytest's exit status 5: no tests ran).
 PYTEST_WORKERS ?= 2
 PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
-PYTEST_PART = $(VENV_PATH) JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) $(BIN)/pytest
+PYTEST_PART = $(VENV_PATH) JITCKPT_IMAGES=$(abspath $(IMAGES_OUT)) \
+	JITCKPT_CONTROLPLANE_CACHE=$(CONTROLPLANE_CACHE) $(BIN)/pytest
 # The checks before the tests are independent and mostly one core each: two at a time.
 test:
-	$(MAKE) -j2 --output-sync=target lint typecheck images-check
+	$(MAKE) -j2 --output-sync=target lint typecheck images-check controlplane
 	$(PYTEST_PART) $(PARALLEL) -m 'not serial' $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PYTEST_PART) -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
@@ -96,6 +97,15 @@ golden: setup
 
 demo: setup
 	$(BIN)/jitckpt demo
+
+# The control plane the tests under tests/controlplane run: etcd and kube-apiserver, built
+# from the Go module proxy at the versions tools/controlplane/go.mod pins into a cache
+# outside the checkout (CONTROLPLANE_CACHE/<component>-<version>/), at the lowest priority;
+# a no-op (no Go needed) once a machine has them. Not part of setup: the demo needs no Go.
+# What the first build costs: README.md, "Development".
+CONTROLPLANE_CACHE ?= $(IMAGES_CACHE)/controlplane
+controlplane:
+	JITCKPT_CONTROLPLANE_CACHE=$(CONTROLPLANE_CACHE) tools/controlplane/build.sh
 
 # The docs site (mkdocs.yml, docs/) into site/. Its reference pages and compatibility matrix
 # are generated from the code at every build (tools/docsgen); --strict fails on any warning,

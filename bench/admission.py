@@ -23,9 +23,10 @@ from typing import Any
 
 from bench import harness
 from bench.harness import BenchOptions
-from bench.procs import REPO_ROOT, Background, tool, wait_for_port
+from bench.procs import tool, wait_for_port
 from bench.results import Case, Series
 from bench.stats import quantile
+from local.background import REPO_ROOT, Background
 
 NAME = "admission"
 FIXTURES = REPO_ROOT / "tests" / "webhook" / "testdata" / "fixtures"

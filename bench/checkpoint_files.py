@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.procs import REPO_ROOT
 from bench.workload import shape_for_state_bytes
+from local.background import REPO_ROOT
 
 VOCAB_SIZE = 8192
 SEQ_LEN = 32

@@ -4,7 +4,7 @@ What a user writes (DistributedSampler, DDP, AdamW), sized by ``--state-mb``:
 a stack of ``--width`` x ``--width`` linear layers whose weights and AdamW
 moments (12 bytes a parameter) make about that much state. Many tensors of one
 size, so the shim can spread the replicated state evenly over up to 4 writers
-(``shim/frameworks/plain/replicated.py`` gives whole tensors to writers); a
+(``shim/frameworks/plain/layout/replicated.py`` gives whole tensors to writers); a
 model of two huge tensors would leave half the writers idle. Rank 0 writes a
 timeline of step ends in the format of bench/timeline.py.
 

@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from shim.frameworks.plain import shardedsaves
+from shim.frameworks.plain.layout import shardedsaves
 
 ASYNC, SYNC = "periodic save (async_save)", "synchronous dcp.save"
 

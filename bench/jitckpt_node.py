@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from bench.procs import Background, tool
+from bench.procs import tool
+from local.background import Background
 from shim import layout
 from shim.asyncsave import ENV_ASYNC_SAVE
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from bench import harness
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import REPO_ROOT, tool
+from bench.procs import tool
 from bench.rates import Rates, TrainingRun, torchrun_rate
 from bench.results import Case, Series
+from local.background import REPO_ROOT
 
 NAME = "overheads"
 WITH = "with shim"

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.procs import REPO_ROOT
 from bench.training_run import wait_for_timeline_step
+from local.background import REPO_ROOT
 from local.demo.jobpods import JobSpec
 from local.demo.jobrun import job_pods
 from local.demo.scenario import IMAGE_ENV  # the demo's image: no downloads, one OpenMP thread

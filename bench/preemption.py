@@ -31,9 +31,9 @@ from typing import Any
 from bench import harness
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
+from local.background import Background
 from shim import layout
 from sidecar.summary import RECORD_NAME
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import timeline
-from bench.procs import REPO_ROOT
+from local.background import REPO_ROOT
 
 # torchrun's report of a rank killed by SIGABRT
 ABORT_MARK = "exitcode  : -6"

@@ -48,10 +48,11 @@ from typing import TYPE_CHECKING, Any
 from bench import harness, timeline
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import Background, tool
+from bench.procs import tool
 from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from bench.transfer import run_s5cmd
+from local.background import Background
 from shim import layout
 from sidecar.summary import RECORD_NAME
 

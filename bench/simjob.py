@@ -4,7 +4,7 @@
 no machine here runs that many trainers, but each node's sidecar commits the
 same objects whatever wrote them. So each simulated node writes the files a
 plain loop stages (names and node-local marks as
-`shim/frameworks/plain/nodelocal.py` gives them) and commits them through the
+`shim/frameworks/plain/layout/nodelocal.py` gives them) and commits them through the
 sidecar's own `commit_node`. Two layouts:
 
 - ``SimJob``: a plain FSDP2 loop's, 48 bytes a file so that only requests count;
@@ -26,7 +26,7 @@ from typing import Protocol
 
 from aiobotocore.session import get_session
 
-from shim.frameworks.plain import replicated
+from shim.frameworks.plain.layout import replicated
 from sidecar.commit import commit_node
 from sidecar.config import AgentConfig
 from sidecar.safefs import OpenedFile, open_path

@@ -42,9 +42,9 @@ from bench import harness, timeline
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
 from bench.lightning_workload import hidden_for_state
-from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, workload_argv
+from local.background import Background
 from shim.layout import ENV_SAVE_STEPS
 from shim.writerproc import AUTO, ENV_WRITER
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import timeline
-from bench.procs import Background
 from bench.workload import shape_for_state_bytes
+from local.background import Background
 
 VOCAB_SIZE = 8192
 SEQ_LEN = 32

@@ -23,9 +23,9 @@ from pathlib import Path
 from bench import harness, timeline
 from bench.harness import BenchOptions
 from bench.jitckpt_node import JitckptNode
-from bench.procs import Background
 from bench.results import Case, Series
 from bench.training_run import ModelShape, workload_argv
+from local.background import Background
 
 NAME = "training_wall"
 BUCKET = "bench-wall"

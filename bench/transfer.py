@@ -33,8 +33,9 @@ from typing import Any
 from bench import harness
 from bench.checkpoint_files import directory_bytes, make_checkpoint
 from bench.harness import BenchOptions
-from bench.procs import REPO_ROOT, s5cmd_binary
+from bench.procs import s5cmd_binary
 from bench.results import Case, Series
+from local.background import REPO_ROOT
 
 NAME = "transfer"
 BUCKET = "bench-transfer"

@@ -7,7 +7,6 @@ use it as their store, so every S3 call in them crosses a real HTTP socket.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -15,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from local.background import Background
 from local.ports import free_port
 
 ACCESS_KEY = "testing"
@@ -29,7 +29,7 @@ class LocalS3:
     host: str = "127.0.0.1"
     port: int = 0
     startup_timeout: float = 30.0
-    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _process: Background | None = field(default=None, init=False, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -48,17 +48,12 @@ class LocalS3:
         if not self.port:
             self.port = free_port(self.host)
         env = dict(os.environ, **self.credentials_env())
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+        argv = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
+        process = self._process = Background(argv, env=env, name="moto server").start()
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"moto server exited with {self._process.returncode}")
+            if process.exited() is not None:
+                raise RuntimeError(f"moto server exited with {process.exited()}")
             try:
                 with urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1):
                     return self
@@ -95,13 +90,8 @@ class LocalS3:
             pass
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            self._process.stop(timeout=10)
         self._process = None
 
     def __enter__(self) -> LocalS3:

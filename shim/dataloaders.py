@@ -20,11 +20,15 @@ the same seeds. It then catches up with the batches already trained on:
   however ``worker_init_fn`` seeded them) draw exactly what they drew the
   first time, including for the batches they had prefetched, so the batches
   after the resume point are made as they were. This reads the data again
-  (the price is in ``bench/``).
+  (the price is in ``bench/``);
+- with persistent workers (``persistent_workers=True``), whose states carry
+  over from every earlier pass, by starting the workers from the states they
+  held at the resume point and passing over the batches' indices
+  (``workerstates``): nothing is read.
 
-The controller (``frameworks.plain.loop``) puts the rest of the state back at the first
-batch request of that pass: the *resume point*, the same place in the program
-where the JIT checkpoint was written.
+The controller (``frameworks.plain.loop``, its ``resume``) puts the rest of the state
+back at the first batch request of that pass: the *resume point*, the same place in
+the program where the JIT checkpoint was written.
 
 Accelerate's ``DataLoaderShard`` reads one batch ahead of what it yields, so
 for it the position counts what the shard yields, and the base loader inside
@@ -51,7 +55,7 @@ import signal
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from . import ownplace, rngstate
+from . import ownplace, rngstate, workerstates
 
 ATTR_TRACK = "_jitckpt_track"
 ATTR_POSITION = "_jitckpt_position"
@@ -62,6 +66,12 @@ NO_BATCH = (
 )
 NO_BATCH_SEEN = "an optimizer step came without a batch the shim saw"
 NEW_ITERATOR_PER_BATCH = "a new iterator for every batch (next(iter(loader)))"
+# Persistent workers a framework's integration does not follow (``workerstates``): every
+# framework refuses them, in these words, before any checkpoint.
+PERSISTENT_WORKERS = (
+    "%s (their random states carry over between passes: a resume would have to replay "
+    "every earlier epoch through them)" % workerstates.PERSISTENT
+)
 
 
 class Listener:
@@ -156,6 +166,8 @@ class LoaderPlan:
         self.sampler: Optional[Dict[str, Any]] = saved.get("sampler")
         # A loader that keeps its own place: its holder's state at the save point (``ownplace``).
         self.own: Optional[Dict[str, Any]] = saved.get("own")
+        # Persistent workers: their base seed and states at the pass's place (``workerstates``).
+        self.workers: Optional[Dict[str, Any]] = saved.get("workers")
 
     def samples(self) -> Optional[int]:
         """Samples per rank to skip at the pass's start (None: whole batches are skipped)."""
@@ -196,13 +208,17 @@ class LoaderTrack:
         self.short_passes = 0  # training passes left after one batch, in a row
         self.loader: Optional["weakref.ref[Any]"] = None  # the DataLoader (held weakly)
         self.armed: Optional[tuple] = None  # (start, CatchUp) for its next pass (a framework's)
+        self.persistent = False  # its persistent workers' states are followed (``workerstates``)
+        self.pending_workers: Optional[workerstates.Resume] = None  # while a pass is built
 
     def __getstate__(self) -> Dict[str, Any]:
         """A pickled loader carries its track (Lightning's ``ddp_spawn`` sends the loaders
         to the processes it starts) without this process's live references: a weak
         reference cannot be pickled, and the pass under way is this process's own."""
         state = dict(self.__dict__)
-        state.update(loader=None, current=None, nested=None, armed=None, adapter=None)
+        state.update(
+            loader=None, current=None, nested=None, armed=None, adapter=None, pending_workers=None
+        )
         return state
 
     def mark_training(self, iteration: int) -> None:
@@ -228,16 +244,23 @@ class CatchUp:
         *,
         samples: Optional[int] = None,
         own: Optional[Dict[str, Any]] = None,
+        persistent: Optional[Dict[str, Any]] = None,
     ) -> None:
         # Worker processes draw random numbers the checkpoint cannot hold: replay through them.
         # Skipped samples (a pass resumed on another number of processes) are never read: the
         # workers' random streams of the old processes cannot be had again anyway.
         # A loader that keeps its own place is put back to it (``own``), never caught up.
+        # Persistent workers start from their saved states (``persistent``, ``workerstates``):
+        # their iterator passes over the batches taken without reading them.
         self.samples = samples
         self.own = own
-        caught_up = samples is not None or own is not None
+        if samples is not None or own is not None:
+            persistent = None  # the old processes' worker states are no use to the new ones
+        self.workers = workerstates.Resume(persistent, yielded) if persistent is not None else None
+        caught_up = samples is not None or own is not None or persistent is not None
         self.skip: Optional[int] = None if workers or caught_up else yielded
         self.drain = yielded if workers and not caught_up else 0
+        self.past = yielded if persistent is not None else self.drain or self.skip or 0
         self.resume = resume  # the pass's next batch request is the resume point
         self.lookahead = lookahead
         self.settle = settle
@@ -317,6 +340,7 @@ class Tracker:
 
     def __init__(self) -> None:
         self.on = True
+        self.framework = False  # a framework drives the loop (``follow_only``)
         self.listener = Listener()
         self.tracks: Dict[int, LoaderTrack] = {}  # every loader ever built, by creation index
         self.fed: Dict[int, LoaderTrack] = {}  # loaders that gave a batch since the last step
@@ -336,6 +360,7 @@ class Tracker:
         own = ownplace.holder_kind(loader)
         problem = ownplace.problem(loader, own) if own is not None else self._problem(loader)
         track = LoaderTrack(self.created, _signature(loader), problem, own)
+        track.persistent = problem is None and own is None and _persistent(loader)
         if own is not None and not _iterates_as_dataloader(loader):
             ownplace.follow_iter(type(loader), _own_iter)
         self.created += 1
@@ -347,6 +372,16 @@ class Tracker:
             self._attach(track, plan)
 
     def _problem(self, loader: Any) -> Optional[str]:
+        problem = self._problem_of_any(loader)
+        if problem is None or not _persistent(loader) or workerstates.refused_everywhere(problem):
+            return problem
+        # The framework's own resume of such a loader (HF's skipping) is wrong too.
+        return "%s of a loader whose place cannot be found again (%s)" % (
+            workerstates.PERSISTENT,
+            problem,
+        )
+
+    def _problem_of_any(self, loader: Any) -> Optional[str]:
         from torch.utils.data.dataloader import _DatasetKind
 
         kind = type(loader).__name__
@@ -357,11 +392,10 @@ class Tracker:
                 "a DataLoader over an IterableDataset without state_dict() (its place cannot "
                 "be found again)"
             )
-        if loader.persistent_workers and loader.num_workers > 0:
-            return (
-                "persistent DataLoader workers (their random states carry over between passes: "
-                "a resume would have to replay every earlier epoch through them)"
-            )
+        if _persistent(loader):
+            problem = workerstates.problem(loader)
+            if problem is not None:
+                return problem
         for sampler in _samplers(loader):
             if type(sampler).__iter__ not in self.known_samplers:
                 return (
@@ -447,6 +481,7 @@ class Tracker:
                 replay.lookahead,
                 samples=replay.samples(),
                 own=replay.own if track.own is not None else None,
+                persistent=replay.workers if track.persistent else None,
             )
         start = replay.start if replay is not None else None
         iterator = self.open(track, loader, make, shard, start=start, catch_up=catch_up)
@@ -473,7 +508,7 @@ class Tracker:
         else:
             position = Position(track, track.iterations - 1, 0, _capture(roots, shard))
         if catch_up is not None:
-            position.yielded = catch_up.drain or catch_up.skip or 0
+            position.yielded = catch_up.past
             position.offset = catch_up.samples or 0
         position.epochs = _sampler_epochs(loader) if shard is None else []
         track.current = position
@@ -541,10 +576,18 @@ class Tracker:
             return make()
         if catch_up is not None:
             track.pending_skip, track.pending_samples = catch_up.skip, catch_up.samples
+            track.pending_workers = catch_up.workers
+            loader = track.loader() if track.loader is not None else None
+            if catch_up.workers is not None and getattr(loader, "_iterator", None) is not None:
+                TRACKER.listener.plan_refused(
+                    "DataLoader #%d's persistent workers were started before the pass they "
+                    "resume" % track.index
+                )
         try:
             return make()
         finally:
             track.pending_skip = track.pending_samples = None
+            track.pending_workers = None
 
     def _note_short_pass(self, track: LoaderTrack) -> None:
         previous = track.current
@@ -567,9 +610,7 @@ class Tracker:
                     batch = next(inner)
                 except StopIteration:
                     position.exhausted = True
-                    skipped_whole = replay is not None and 0 < position.yielded == (
-                        replay.drain or replay.skip
-                    )
+                    skipped_whole = replay is not None and 0 < position.yielded == replay.past
                     if skipped_whole and self.shard_skipped_whole is not None:
                         self.shard_skipped_whole(shard)
                     return
@@ -704,6 +745,7 @@ class Tracker:
                     "offset": position.offset,
                     "sampler": distributed_sampler(track.loader() if track.loader else None),
                     "own": _own_state(track) if going_on else None,
+                    "workers": _worker_states(track, position) if going_on else None,
                 }
             )
         return saved
@@ -713,6 +755,7 @@ class Tracker:
         """A framework drives the loop: record each pass's place; its integration resumes it."""
         self.listener = Listener()
         self.plans = {}
+        self.framework = True
 
     def record(self, loader: Any) -> Optional[Dict[str, Any]]:
         """Where ``loader``'s current pass stands (for a framework's checkpoint); None: unknown."""
@@ -727,6 +770,7 @@ class Tracker:
             "yielded": position.yielded,
             "exhausted": position.exhausted,
             "lookahead": inner.before_fetch if inner is not None else None,
+            "workers": _worker_states(track, position),
         }
 
     def problem_of(self, loader: Any) -> Optional[str]:
@@ -747,7 +791,12 @@ class Tracker:
             return False
         base = track.loader() if track.loader is not None else None
         catch_up = CatchUp(
-            int(record["yielded"]), _workers(base), True, record.get("lookahead"), settle
+            int(record["yielded"]),
+            _workers(base),
+            True,
+            record.get("lookahead"),
+            settle,
+            persistent=record.get("workers") if track.persistent else None,
         )
         track.armed = (record["start"], catch_up)
         return True
@@ -797,6 +846,29 @@ def _own_state(track: LoaderTrack) -> Optional[Dict[str, Any]]:
     if adapter is not None and track.own == ownplace.LOADER:
         return dict(adapter.state_dict())
     return ownplace.state(loader, track.own)
+
+
+def _worker_states(track: LoaderTrack, position: Position) -> Optional[Dict[str, Any]]:
+    """The persistent workers' states at the first batch of ``position`` the loop has not
+    taken (None: the loader has none the shim follows)."""
+    loader = track.loader() if track.loader is not None else None
+    if not track.persistent or loader is None:
+        return None
+    return workerstates.record(loader.__dict__.get("_iterator"), position.yielded)
+
+
+def _persistent(loader: Any) -> bool:
+    return bool(getattr(loader, "persistent_workers", False)) and _workers(loader)
+
+
+def _pending_workers(loader: Any) -> tuple:
+    """For ``workerstates``: whether ``loader``'s workers are followed, and how its next
+    iterator resumes (None: fresh)."""
+    track = loader.__dict__.get(ATTR_TRACK)
+    if not isinstance(track, LoaderTrack) or not track.persistent or not TRACKER.on:
+        return False, None
+    pending, track.pending_workers = track.pending_workers, None
+    return True, pending
 
 
 def _iterates_as_dataloader(loader: Any) -> bool:
@@ -1023,6 +1095,7 @@ def install(torch: Any) -> None:
         return
     workers_leave_sigterm()
     _note_iterators(_MultiProcessingDataLoaderIter)
+    workerstates.install(_pending_workers)
     for known in (
         sampler.SequentialSampler,
         sampler.RandomSampler,
@@ -1123,6 +1196,14 @@ def install_accelerate(module: Any) -> None:
                 )
             if self.__dict__.get("skip_batches") and track.problem is None:
                 track.problem = "Accelerate's skip_batches"
+            if track.persistent and not TRACKER.framework:
+                # A loop of the program's own over the shard: not shown exact on two
+                # processes yet (HF's Trainer, whose loop the tracker only follows, is).
+                track.persistent = False
+                track.problem = (
+                    "%s under Accelerate's DataLoaderShard in a loop of the program's own"
+                    % workerstates.PERSISTENT
+                )
         try:
             return TRACKER.begin(track, base, lambda: shard_iter(self), self)
         except Exception as exc:

@@ -59,6 +59,15 @@ ENV_TORCH_SHUTDOWN = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 # trained model's weights to this file at the normal end (for `--compare`).
 ENV_DEMO_HOLD_AT_STEP = "JITCKPT_DEMO_HOLD_AT_STEP"
 ENV_DEMO_FINAL_WEIGHTS = "JITCKPT_DEMO_FINAL_WEIGHTS"
+# Beside those weights, the trainer's log history where the framework keeps one (HF's
+# ``state.log_history``), as JSON: the demo's verdict compares it too.
+DEMO_LOG_SUFFIX = ".log.json"
+
+
+def demo_log_path(weights: str) -> str:
+    """Where the demo's log history goes, beside the final weights at ``weights``."""
+    return weights + DEMO_LOG_SUFFIX
+
 
 # Sidecar container environment (set by the webhook, read by the sidecar).
 ENV_DESTINATION = "JITCKPT_DESTINATION"  # the job's root: <destination>/<namespace>/<job>
@@ -84,6 +93,7 @@ ENV_PIECE_MIN_SIZE = "JITCKPT_PIECE_MIN_SIZE"  # bytes: the sidecar's smallest u
 ENV_VERIFY_SSL = "JITCKPT_VERIFY_SSL"
 ENV_VERIFY_ACCESS = "JITCKPT_VERIFY_ACCESS"
 ENV_RESUME = "JITCKPT_RESUME"
+ENV_STORE_UNREACHABLE = "JITCKPT_STORE_UNREACHABLE"  # "run-unprotected" or "fail-closed"
 ENV_MODE = "JITCKPT_MODE"  # "native" or "legacy"
 ENV_PVC_MOUNT = "JITCKPT_PVC_MOUNT"  # where the claim of pvc:// is mounted
 ENV_S3_SECRET_DIR = "JITCKPT_S3_SECRET_DIR"  # where the s3-secret's files are mounted

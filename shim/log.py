@@ -37,6 +37,12 @@ def say_once(key: str, message: str) -> bool:
     return True
 
 
+def attached(key: str, what: str, where: str) -> None:
+    """The one line every framework prints when jitckpt takes a run on, in one form: what
+    it follows and where the checkpoints are written (the sidecar uploads them from there)."""
+    say_once(key, "attached to %s; checkpoints are written to %s" % (what, where))
+
+
 def failed(key: str, exc: BaseException) -> None:
     """Report an error of the shim itself once; the program goes on without that part."""
     say_once(

@@ -38,6 +38,7 @@ MAX_FILE_NAME = 1024  # one staged file, relative to the staged directory
 MAX_FILES = 4096  # files of one staged checkpoint (the line cap bounds them too)
 MAX_NAME = 255  # a framework's or a staged checkpoint's name
 MAX_ERROR = 1024  # the text of an error answer
+MAX_REASON = 1024  # why a process gets no JIT checkpoint (``unfollowed``)
 
 MAX_PID = (1 << 31) - 1
 MAX_TICKS = (1 << 63) - 1  # a process start time, in clock ticks after boot
@@ -480,6 +481,22 @@ class Status:
 
 
 @dataclass(frozen=True)
+class Unfollowed:
+    """This process trains and gets no JIT checkpoint, and why (the shim says it once in
+    the trainer's log; the sidecar shows it in ``/status`` and the termination message)."""
+
+    OP: ClassVar[str] = "unfollowed"
+    reason: str
+
+    def to_wire(self) -> Dict[str, Any]:
+        return _wire(self.OP, {"reason": self.reason[:MAX_REASON]})
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> Unfollowed:
+        return cls(reason=_text(body, "reason", MAX_REASON))
+
+
+@dataclass(frozen=True)
 class Bye:
     """The process is leaving with ``exit_code``; ``step``: the last step whose end it saw
     (None: none)."""
@@ -547,7 +564,9 @@ class AwaitRestore:
         return cls(seconds=_float(body, "seconds", 0.0, MAX_AWAIT_SECONDS))
 
 
-Request = Union[Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Lease, AwaitRestore]
+Request = Union[
+    Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Unfollowed, Lease, AwaitRestore
+]
 
 
 # -- answers (sidecar -> shim) -------------------------------------------------
@@ -700,6 +719,7 @@ OPS: Dict[str, Op] = {
     Progress.OP: Op(Progress, None),
     Status.OP: Op(Status, StatusAnswer),
     Bye.OP: Op(Bye, OkAnswer),
+    Unfollowed.OP: Op(Unfollowed, OkAnswer),
     Lease.OP: Op(Lease, None),
     AwaitRestore.OP: Op(AwaitRestore, HelloAnswer),
 }

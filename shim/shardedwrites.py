@@ -1,6 +1,6 @@
 """Sharded checkpoints written behind training by DCP's ``async_save``, staged once whole.
 
-The sharded periodic saves of a plain FSDP2 loop (``frameworks.plain.shardedsaves``)
+The sharded periodic saves of a plain FSDP2 loop (``frameworks.plain.layout.shardedsaves``)
 and of Lightning's ``ModelParallelStrategy`` (``frameworks.lightning.sharded``)
 both end in ``torch.distributed.checkpoint.async_save``: each rank's shards are
 copied to host memory there (the only part of the save the loop waits for) and

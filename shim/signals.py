@@ -27,6 +27,8 @@ class TermFlag:
         self.previous: Any = None
         self.installed = False
         self.on_first: Optional[Callable[[], None]] = None
+        # Said once when SIGTERM comes while no loop acts on it (why it saves nothing).
+        self.unarmed: Optional[Callable[[], None]] = None
 
     def install(self, on_first: Callable[[], None]) -> bool:
         """Install the handler (main thread only, as ``signal.signal`` requires)."""
@@ -67,6 +69,9 @@ class TermFlag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if not self.armed:
+            unarmed, self.unarmed = self.unarmed, None
+            if unarmed is not None:
+                unarmed()
             self.deliver_as_before(frame)
             return
         if self.raised:

@@ -33,11 +33,11 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
-from . import agreement, copies, dist, final, pids, streaming
+from . import agreement, copies, dist, final, pids, protocol, streaming
 from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
-from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE
+from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE, demo_log_path
 from .log import failed, say, say_once
 from .protocol import KIND_JIT
 from .session import ProcessSession
@@ -392,6 +392,12 @@ class TrainingRun:
         except Exception as exc:
             failed("recording the final model", exc)
 
+    def unfollowed(self, reason: str) -> None:
+        """This process trains and gets no JIT checkpoint, for ``reason`` (said once in the
+        trainer's log by the caller): told to the sidecar too, for its ``/status`` and
+        termination message, where a platform and the job's owner look."""
+        self.process.link.call(protocol.Unfollowed(reason=reason), timeout=2.0)
+
     def training_again(self) -> None:
         """Training starts (again): whatever was recorded as the final output is not."""
         output = final.get(self.config, self.process.link) if self.config.upload_final else None
@@ -448,3 +454,25 @@ class TrainingRun:
             say("final weights (%d tensors) written to %s" % (len(state), path))
         except Exception as exc:
             failed("writing the final weights for the demo", exc)
+
+    def capture_final_log(self, entries: Any) -> None:
+        """Demo only: rank 0 writes the trainer's log history (a list of dicts of numbers)
+        as JSON beside the final weights, for the verdict to compare.
+
+        Called when training ended normally, like ``capture_final_weights``. A value JSON
+        cannot hold is written as its ``repr``; floats are written exactly (NaN included).
+        """
+        path = self.config.demo_final_weights
+        if path is None or dist.ranks()["rank"] != 0:
+            return
+        try:
+            import json
+
+            target = demo_log_path(path)
+            temporary = "%s.tmp-%d" % (target, os.getpid())
+            with open(temporary, "w", encoding="utf-8") as out:
+                json.dump(list(entries), out, default=repr)
+            os.replace(temporary, target)
+            say("the trainer's log history (%d entries) written to %s" % (len(entries), target))
+        except Exception as exc:
+            failed("writing the trainer's log history for the demo", exc)

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import py_compile
+import shutil
 import signal
 import sys
 import time
@@ -192,7 +193,7 @@ class Agent:
             try:
                 access = self._store_access()
             except credentials.CredentialsError as exc:
-                return self._fail(EXIT_NO_ACCESS, str(exc))
+                return await self._unreachable(str(exc))
             async with open_store(cfg, access=access) as store:
                 self._store = store
                 return await self._lifecycle(store)
@@ -237,7 +238,7 @@ class Agent:
                     download.cancel()
                     with contextlib.suppress(asyncio.CancelledError, StoreError, OSError):
                         await download
-                    return self._fail(EXIT_NO_ACCESS, str(exc))
+                    return await self._unreachable(str(exc))
                 log.info("access to %s verified", store.uri)
             if self.phase == "all":  # the legacy init container restores in full
                 await self._started_or_restored(download)
@@ -270,6 +271,52 @@ class Agent:
             log.warning("the shim's bytecode was not written (%s): trainers compile it", exc)
             return
         log.info("shim bytecode written for Python %s (%d modules)", PYTHON_VERSION, count)
+
+    async def _unreachable(self, text: str) -> int:
+        """The store cannot be reached (no credentials, or the access probe was refused).
+
+        Fail closed only when the platform chose it (``store-unreachable: fail-closed``):
+        the trainer never starts. Otherwise the job must not be worse off than without
+        jitckpt: the shim this process copied is taken back before any trainer started
+        (the trainer then runs exactly as without jitckpt, and no JIT save spends its grace
+        period on a checkpoint nothing would upload), the startupProbe passes, and the
+        reason is said in the log, ``/status``, the termination message and a Warning
+        Event. The sidecar then waits, as a native sidecar must, for the pod's end."""
+        if self.config.store_unreachable == "fail-closed":
+            return self._fail(
+                EXIT_NO_ACCESS, f"{text} (store-unreachable: fail-closed: the trainer is held)"
+            )
+        said = (
+            f"{text}. The trainer runs unprotected: no checkpoint is restored or saved "
+            '(jitckpt.io/store-unreachable: "fail-closed" holds it instead)'
+        )
+        log.error("UNPROTECTED: %s", said)
+        self._take_back_shim()
+        self.state.unprotected = said
+        self.state.last_error = text
+        self.state.phase = "unprotected"
+        self.metrics.unprotected.set(1)
+        termination.write(self.termination_log, termination.message(self.state, []))
+        self._spawn(self.events.post(events.UNPROTECTED, said, kind="Warning"))
+        if self.phase != "all":
+            # Legacy: the restore init container lets the pod go on; the run container
+            # has no trainer processes to follow (no shim), so it leaves at once too.
+            return EXIT_OK
+        await self._stop.wait()
+        return EXIT_OK
+
+    def _take_back_shim(self) -> None:
+        """Remove the shim copied by this process, while no trainer process has started
+        (none registered): a trainer already running keeps what it imports from."""
+        target = self.shim_target
+        if target is None or not self._shim_copied:
+            return
+        pids = self.config.pids_dir
+        if pids.is_dir() and any(pids.iterdir()):
+            log.warning("a trainer process already runs: the shim copy is left in place")
+            return
+        shutil.rmtree(target, ignore_errors=True)
+        self._shim_copied = False
 
     def _fail(self, code: int, text: str) -> int:
         log.error("%s", text)
@@ -601,6 +648,7 @@ class Agent:
         server.on(protocol.Progress, self.progress)
         server.on(protocol.Status, self.status)
         server.on(protocol.Bye, self.bye)
+        server.on(protocol.Unfollowed, self.unfollowed)
         server.on(protocol.Lease, self.lease)
         server.on(protocol.AwaitRestore, self.await_restore)
         server.on_close(self.closed)
@@ -854,6 +902,20 @@ class Agent:
             why = await self.resumes.exited(peer.pid, request.exit_code, request.step)
             if why and self.restored.step is not None:
                 self._said_set_aside(self.restored.step, why)
+        return protocol.OkAnswer()
+
+    async def unfollowed(self, peer: Peer, request: protocol.Unfollowed) -> protocol.Answer:
+        """A training process gets no JIT checkpoint: said in the log once per process, and
+        in ``/status`` and the termination message (the first reason of the pod)."""
+        client = self.state.clients.get(peer.number)
+        if client is not None and client.unfollowed is None:
+            client.unfollowed = request.reason
+        elif self.state.unfollowed is not None:  # said already: the log stays bounded
+            return protocol.OkAnswer()
+        log.warning("a training process gets no JIT checkpoint: %s", request.reason)
+        if self.state.unfollowed is None:
+            self.state.unfollowed = request.reason
+            self._record_termination()
         return protocol.OkAnswer()
 
     def _said_set_aside(self, step: int, why: str) -> None:

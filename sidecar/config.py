@@ -123,6 +123,9 @@ class AgentConfig(BaseModel):
     verify_ssl: bool = True
     verify_access: bool = True
     resume: bool = True
+    # A store the sidecar cannot reach (no credentials, refused): the trainer runs
+    # unprotected by default, never worse off than without jitckpt; "fail-closed" holds it.
+    store_unreachable: Literal["run-unprotected", "fail-closed"] = "run-unprotected"
     grace_seconds: float = Field(default=300.0, gt=0)
     grace_margin: float = Field(default=5.0, ge=0)
     mode: Literal["native", "legacy"] = "native"
@@ -205,6 +208,7 @@ class AgentConfig(BaseModel):
             "verify_ssl": layout.ENV_VERIFY_SSL,
             "verify_access": layout.ENV_VERIFY_ACCESS,
             "resume": layout.ENV_RESUME,
+            "store_unreachable": layout.ENV_STORE_UNREACHABLE,
             "grace_seconds": layout.ENV_GRACE_SECONDS,
             "grace_margin": ENV_GRACE_MARGIN,
             "mode": layout.ENV_MODE,

@@ -1,7 +1,9 @@
 """Kubernetes Events, when the pod's service account may post them.
 
 Reasons: ``Restored``, ``CheckpointSaved`` (a checkpoint was staged),
-``CheckpointUploaded`` (committed), ``JITCheckpoint`` (the JIT one committed).
+``CheckpointUploaded`` (committed), ``JITCheckpoint`` (the JIT one committed),
+``CheckpointSetAside``, and the Warning ``Unprotected`` (the store cannot be
+reached: the trainer runs without checkpoints).
 Posting needs the in-cluster config and RBAC (the ClusterRole
 ``jitckpt-reporter``); without either, the first attempt logs one line saying
 why and every later one is skipped quietly. The termination message carries
@@ -18,9 +20,9 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from jitckpt.kubeevent import event_body
 from shim import layout
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ SAVED = "CheckpointSaved"
 UPLOADED = "CheckpointUploaded"
 JIT = "JITCheckpoint"
 SET_ASIDE = "CheckpointSetAside"
+UNPROTECTED = "Unprotected"  # a Warning: the store cannot be reached, the trainer runs without
 
 
 class EventPoster:
@@ -64,31 +67,21 @@ class EventPoster:
         self._api = client.CoreV1Api()
         return self._api
 
-    def _post(self, reason: str, message: str) -> None:
+    def _post(self, reason: str, message: str, kind: str) -> None:
         api = self._connect()
         if api is None:
             return
         from kubernetes.client.rest import ApiException
 
-        now = datetime.now(UTC).isoformat()
-        body = {
-            "metadata": {"generateName": f"{self._pod}.", "namespace": self._namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": self._pod,
-                "namespace": self._namespace,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self._pod,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": self._pod,
+            "namespace": self._namespace,
         }
+        body = event_body(
+            involved, reason, message, kind=kind, component=COMPONENT, instance=self._pod
+        )
         try:
             api.create_namespaced_event(self._namespace, body)
         except ApiException as exc:
@@ -102,8 +95,8 @@ class EventPoster:
         except Exception as exc:
             self._disable(f"API unreachable: {exc}")
 
-    async def post(self, reason: str, message: str) -> None:
-        """Post one Event; never raises, never blocks the loop."""
+    async def post(self, reason: str, message: str, kind: str = "Normal") -> None:
+        """Post one Event (``kind``: Normal or Warning); never raises, never blocks the loop."""
         if self.disabled_reason is not None:
             return
-        await asyncio.to_thread(self._post, reason, message)
+        await asyncio.to_thread(self._post, reason, message, kind)

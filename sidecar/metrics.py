@@ -64,6 +64,11 @@ class Metrics:
             "jitckpt_training_step", "Last step the trainer reported", registry=r
         )
         self.ready = Gauge("jitckpt_ready", "1 once the trainer may start", registry=r)
+        self.unprotected = Gauge(
+            "jitckpt_unprotected",
+            "1 when the store cannot be reached and the trainer runs without checkpoints",
+            registry=r,
+        )
         self.grace_short_by = Gauge(
             "jitckpt_grace_short_by_seconds",
             "How much the grace period lacks for the measured checkpoint (0: enough)",

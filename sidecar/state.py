@@ -14,7 +14,10 @@ from sidecar.grace import GraceClock
 # Drops remembered for ``/status`` (the count keeps growing; the list keeps the newest).
 MAX_SUPERSEDED = 32
 
-AgentPhase = Literal["starting", "restoring", "ready", "stopping", "stopped", "failed"]
+# "unprotected": the store cannot be reached; the trainer runs without checkpoints.
+AgentPhase = Literal[
+    "starting", "restoring", "ready", "stopping", "stopped", "failed", "unprotected"
+]
 
 
 def now_iso() -> str:
@@ -39,6 +42,7 @@ class ClientInfo:
     framework: str = ""
     said_bye: bool = False
     exit_code: int | None = None
+    unfollowed: str | None = None  # why this process gets no JIT checkpoint (it said so)
 
 
 @dataclass
@@ -57,6 +61,10 @@ class AgentState:
     clients: dict[int, ClientInfo] = field(default_factory=dict)
     last_error: str | None = None
     identity: dict[str, str] | None = None  # where the store's credentials come from
+    # Why a training process of this pod gets no JIT checkpoint, as the first to say it did.
+    unfollowed: str | None = None
+    # Why the trainer runs unprotected (the store cannot be reached), or None.
+    unprotected: str | None = None
     # The restored checkpoint, set aside because resumes from it failed: step and reason.
     set_aside: dict[str, object] | None = None
     # Staged checkpoints dropped unuploaded because a newer one superseded them (newest last).
@@ -84,11 +92,13 @@ class AgentState:
             "node_rank": cfg.node_rank,
             "nnodes": cfg.nnodes,
             "identity": self.identity,
+            "unprotected": self.unprotected,
             "restored": self.restored,
             "restoring": self.restoring,
             "downloaded_bytes": self.downloaded_bytes,
             "restore_skipped": self.restore_skipped,
             "set_aside": self.set_aside,
+            "unfollowed": self.unfollowed,
             "last_committed": asdict(self.last_committed) if self.last_committed else None,
             "committed_count": len(self.committed),
             "final": asdict(self.final) if self.final else None,

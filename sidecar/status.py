@@ -18,7 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 log = logging.getLogger(__name__)
 
-READY_PHASES = ("ready", "stopping", "stopped")
+# "unprotected": the trainer starts, without checkpoints (``agent``, store unreachable).
+READY_PHASES = ("ready", "stopping", "stopped", "unprotected")
 
 
 class StatusServer:

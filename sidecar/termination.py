@@ -2,8 +2,9 @@
 
 One short JSON object (the kubelet keeps at most 4096 bytes): the last
 committed checkpoint, the final model when this pod committed one, what was
-left uncommitted, the last step the trainer reported, and the grace-period
-report when the grace period is too short for the measured checkpoint.
+left uncommitted, the last step the trainer reported, why a training process
+gets no JIT checkpoint when one said so, and the grace-period report when the
+grace period is too short for the measured checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 
 def message(state: AgentState, uncommitted: list[dict[str, object]], note: str = "") -> str:
     last = state.last_committed
+    if state.unprotected is not None:
+        summary = f"UNPROTECTED: {state.unprotected}"
+        return json.dumps({"message": summary[: LIMIT - 64], "unprotected": True})
     summary = (
         f"last committed checkpoint: step {last.step} ({last.kind}) at {last.uri}"
         if last
@@ -36,6 +40,8 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
         summary += f"; {grace}"
     if state.set_aside:
         summary += f"; checkpoint-{state.set_aside['step']} set aside: {state.set_aside['reason']}"
+    if state.unfollowed:
+        summary += f"; a training process gets no JIT checkpoint: {state.unfollowed}"
     if note:
         summary += f"; {note}"
     doc: dict[str, object] = {
@@ -54,6 +60,7 @@ def message(state: AgentState, uncommitted: list[dict[str, object]], note: str =
         # Bytes this pod's restores fetched from the store (0: none, or the local copy used).
         "downloaded_bytes": state.downloaded_bytes,
         "set_aside": state.set_aside,
+        "unfollowed": state.unfollowed,
         # The trainer's final progress report: the step its run ended at.
         "last_step": (state.progress or {}).get("step"),
         "uncommitted": uncommitted,

@@ -3,7 +3,9 @@
 For security teams: feed it ``kubectl get pods -A -o yaml`` (add ``kubectl
 get namespaces -o yaml`` to the input so namespace settings are known). One
 row per pod: injected?, jitckpt version, mode, job root, Secret, grace
-period and drift (see ``webhook/drift.py``); ``--json`` for machines.
+period, drift (see ``webhook/drift.py``) and the reason a pod is not protected (its
+``jitckpt.io/reason`` mark: a skip reason as the metrics spell it, or ``no-credentials``;
+the sidecar's own word once it ended unprotected); ``--json`` gives the whole sentence.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ COLUMNS = (
     "SECRET",
     "GRACE",
     "DRIFT",
+    "REASON",
 )
 
 
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from webhook.documents import InputError, read_command_input, walk
+    from webhook.documents import WITHOUT_CONFIG, InputError, read_command_input, walk
     from webhook.drift import audit_pod
 
     try:
@@ -56,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"jitckpt audit: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     config, docs, known = given.config, given.docs, given.namespaces
+    if args.config is None:
+        print(f"jitckpt audit: {WITHOUT_CONFIG}", file=sys.stderr)
     audits = []
     for obj in walk(docs):
         if obj.get("kind") != "Pod":
@@ -80,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 a.secret or "-",
                 grace,
                 drift,
+                a.reason.split(":", 1)[0] if a.reason else "-",
             ]
         )
     sys.stdout.write(_table(rows))

@@ -48,6 +48,10 @@ class WebhookConfig(BaseModel):
     # Whether any pod may set jitckpt.io/verify-ssl: "false" (a store with a self-signed
     # certificate); forbidden by default: checkpoints would travel unauthenticated.
     allow_insecure_tls: bool = False
+    # An identity webhook (IRSA's, EKS Pod Identity's) mutates pods after this one: a pod
+    # with neither an s3-secret nor an identity on its trainer is then not marked
+    # no-credentials at admission (the sidecar still says so if it cannot reach the store).
+    identity_webhook: bool = False
 
     @field_validator("defaults", mode="before")
     @classmethod
@@ -101,16 +105,31 @@ class WebhookConfig(BaseModel):
 
 def load_config(path: Path | None) -> WebhookConfig:
     """Read the YAML file at ``path``; ``None`` gives the built-in defaults."""
-    if path is None:
-        return WebhookConfig()
+    return WebhookConfig() if path is None else read_config(path)[0]
+
+
+def read_config(path: Path) -> tuple[WebhookConfig, str]:
+    """The configuration in the file at ``path`` and a digest of the bytes it was read from
+    (one read: a file swapped meanwhile cannot give one's digest to the other's content)."""
+    import hashlib
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid UTF-8") from None
+    return parse_config(text, path), hashlib.sha256(data).hexdigest()[:16]
+
+
+def parse_config(text: str, path: Path) -> WebhookConfig:
+    """The configuration ``text`` (read from ``path``, which errors name) says."""
     import yaml
 
     from webhook import safeyaml
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         data = safeyaml.load(text)
     except yaml.YAMLError as exc:

@@ -118,6 +118,13 @@ class CommandInput:
     namespaces: dict[str, NamespaceInfo]  # from --namespace-file, then the input itself
 
 
+WITHOUT_CONFIG = (
+    "no --config: the built-in defaults stand in for the cluster's ConfigMap (pass its "
+    "config.yaml: kubectl -n jitckpt-system get configmap jitckpt-webhook-config "
+    "-o jsonpath='{.data.config\\.yaml}')"
+)
+
+
 def read_command_input(
     filename: str, config_path: Path | None, namespace_files: Sequence[Path] = ()
 ) -> CommandInput:

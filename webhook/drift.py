@@ -23,6 +23,7 @@ is audited correctly.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ from webhook import patch as patches
 from webhook.config import WebhookConfig
 from webhook.injection import CONFIG_FIELDS, build
 from webhook.mutate import MutationResult, NamespaceInfo, mutate
-from webhook.settings import PREFIX, SOURCE_NAMESPACE, parse_quantity
+from webhook.settings import PREFIX, REASON_KEY, SOURCE_NAMESPACE, parse_quantity
 from webhook.status import (
     OUR_VOLUMES,
     InjectionStatus,
@@ -136,6 +137,29 @@ class PodAudit:
     grace_period_seconds: int | None = None
     drift: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Why the pod is not (or may not be) protected: its jitckpt.io/reason mark, what the
+    # current configuration says of an unmarked pod it would not inject, or the sidecar's
+    # own word (a terminated sidecar that ran unprotected); "" when nothing says so.
+    reason: str = ""
+
+
+def sidecar_unprotected(pod: dict[str, Any]) -> str:
+    """The reason a jitckpt sidecar of ``pod`` gave for running unprotected, from the
+    termination message the kubelet keeps in the pod's status (once it terminated)."""
+    status = pod.get("status") or {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for entry in _items(status.get(key)):
+            if not (isinstance(entry, dict) and str(entry.get("name", "")).startswith(OUR_PREFIX)):
+                continue
+            for state in ("state", "lastState"):
+                message = _at(entry, state, "terminated", "message")
+                if isinstance(message, str) and '"unprotected":true' in message.replace(" ", ""):
+                    try:
+                        text = json.loads(message).get("message", "")
+                    except (ValueError, AttributeError):
+                        continue
+                    return str(text)
+    return ""
 
 
 def differences(expected: Any, live: Any, path: str) -> list[str]:
@@ -271,13 +295,18 @@ def audit_pod(
     spec = pod.get("spec") or {}
     row = PodAudit(ns_name, name, looks_injected(pod))
     row.grace_period_seconds = spec.get("terminationGracePeriodSeconds")
+    mark = (meta.get("annotations") or {}).get(REASON_KEY)
+    row.reason = mark if isinstance(mark, str) else ""
     if not row.injected:
         if namespace is not None:
             result = mutate(pod, namespace, config, require_opt_in=True)
             if result.injected:
                 row.drift.append("missing")
                 row.notes.append("the current configuration would inject this pod")
+            elif not row.reason and result.skip_reason is not None:
+                row.reason = f"{result.skip_reason}: {result.message}"
         return row
+    row.reason = sidecar_unprotected(pod) or row.reason
     try:
         status = read_status(pod)
     except ValueError as exc:

@@ -53,7 +53,12 @@ def settings_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from webhook.documents import InputError, dump_documents, read_command_input
+    from webhook.documents import (
+        WITHOUT_CONFIG,
+        InputError,
+        dump_documents,
+        read_command_input,
+    )
     from webhook.offline import OfflineInjector
 
     try:
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"jitckpt inject: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     config, docs, known = given.config, given.docs, given.namespaces
+    if args.config is None:
+        print(f"jitckpt inject: {WITHOUT_CONFIG}", file=sys.stderr)
     injector = OfflineInjector(config, known, args.namespace)
     out = [injector.document(doc) for doc in docs]
     for line in injector.outcome.lines:

@@ -23,7 +23,7 @@ from webhook import identity, images, settings
 from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
 from webhook.jobs import TrainerPod
-from webhook.settings import STATUS_KEY
+from webhook.settings import REASON_KEY, STATUS_KEY
 from webhook.status import (
     AGENT,
     RESTORE,
@@ -101,6 +101,25 @@ class Injected:
 def job_root(destination: str, namespace: str, job: str) -> str:
     """``<destination>/<namespace>/<job>``: one namespace-wide destination serves every job."""
     return grammar.parse(destination).join(namespace, job).uri
+
+
+NO_CREDENTIALS = "no-credentials"
+
+
+def no_credentials(root: str, values: Mapping[str, str]) -> str:
+    """The reason annotation of a pod whose sidecar has no way to reach the store ``root``:
+    what the sidecar will then do, and how to fix it."""
+    then = (
+        "the sidecar holds the trainer (store-unreachable: fail-closed)"
+        if values.get("store-unreachable") == settings.FAIL_CLOSED
+        else "the trainer runs unprotected"
+    )
+    return (
+        f"{NO_CREDENTIALS}: {root} is reached with neither a {settings.PREFIX}s3-secret nor "
+        "a workload identity (IRSA, EKS Pod Identity) on the trainer container: the "
+        f"sidecar cannot reach the store and {then}. Set {settings.PREFIX}s3-secret on the "
+        "namespace or the pod, or give its service account an identity"
+    )
 
 
 def _list(holder: dict[str, Any], key: str) -> list[Any]:
@@ -202,6 +221,11 @@ class _Plan:
             _env(layout.ENV_VERIFY_ACCESS, values["verify-access"]),
             _env(layout.ENV_RESUME, values["resume"]),
         ]
+        # Only a platform's explicit choice: the sidecar's default is to run unprotected,
+        # and pods injected before this setting existed keep the spec they were given.
+        unreachable = values.get("store-unreachable", settings.RUN_UNPROTECTED)
+        if unreachable != settings.RUN_UNPROTECTED:
+            env.append(_env(layout.ENV_STORE_UNREACHABLE, unreachable))
         piece = values.get("piece-min-size")
         if piece is not None:
             env.append(_env(layout.ENV_PIECE_MIN_SIZE, str(settings.piece_bytes(piece))))
@@ -397,9 +421,12 @@ def build(
 
     # The pod's own workload identity, when the store's credentials are not a Secret.
     found = None
+    unreachable = None
     if secret is None and pvc_claim is None:
         found = identity.find(pod["spec"]["containers"][trainer.container_index])
         warnings += found.warnings if found is not None else []
+        if found is None and not config.identity_webhook:
+            unreachable = no_credentials(root, values)
     every = [*(spec.get("initContainers") or []), *containers]
     pull = images.strictest(config.sidecar_image_pull_policy, every)
     plan = _Plan(values, config, trainer, root, grace, secret, pvc_claim is not None, pull, found)
@@ -431,15 +458,9 @@ def build(
         status.patchSha256 = patches.digest(spec_ops)
     else:  # e.g. a null list in the input, which strip leaves out
         status.patchSha256 = patches.spec_digest(canonical, out)
-    metadata = out["metadata"]
-    annotations = metadata.get("annotations")
-    text = status.to_json()
-    annotation_op: dict[str, Any]
-    if isinstance(annotations, dict):
-        metadata["annotations"] = {**annotations, STATUS_KEY: text}
-        path = patches.pointer(["metadata", "annotations", STATUS_KEY])
-        annotation_op = {"op": "add", "path": path, "value": text}
-    else:
-        metadata["annotations"] = {STATUS_KEY: text}
-        annotation_op = {"op": "add", "path": "/metadata/annotations", "value": {STATUS_KEY: text}}
-    return Injected(out, [annotation_op, *spec_ops], status, warnings)
+    marks = {STATUS_KEY: status.to_json()}
+    if unreachable is not None:
+        marks[REASON_KEY] = unreachable
+        warnings.append(unreachable)
+    out, annotation_ops = patches.annotate(out, marks)
+    return Injected(out, [*annotation_ops, *spec_ops], status, warnings)

@@ -27,6 +27,7 @@ class AdmissionMetrics:
     denied: Counter
     failed: Counter
     latency: Histogram
+    config_reloads: Counter
 
     @classmethod
     def create(cls) -> AdmissionMetrics:
@@ -62,6 +63,13 @@ class AdmissionMetrics:
                 "jitckpt_webhook_request_duration_seconds",
                 "Time from the request's arrival to the answer, for /mutate.",
                 buckets=LATENCY_BUCKETS,
+                registry=registry,
+            ),
+            config_reloads=Counter(
+                "jitckpt_webhook_config_reloads",
+                "Changes of the config file read while serving, by result (ok, or invalid: "
+                "the previous configuration stays in use).",
+                ["result"],
                 registry=registry,
             ),
         )

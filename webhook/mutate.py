@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook import isolation, jobs, settings
+from webhook import identity, isolation, jobs, settings
+from webhook import patch as patches
 from webhook.config import VERSION, WebhookConfig
-from webhook.injection import build
-from webhook.status import looks_injected
+from webhook.injection import NO_CREDENTIALS, build
+from webhook.status import OUR_CONTAINERS, looks_injected
 
 SYSTEM_NAMESPACES = ("kube-system",)
 
@@ -47,6 +48,11 @@ SKIP_REASONS = (
 # Skips the admission server decides before mutating (also ``skipped{reason}`` labels).
 SKIP_NOT_CREATE = "not-create"
 SKIP_NAMESPACE_UNKNOWN = "namespace-unknown"
+# Skips that leave the pod exactly as it came, without the reason annotation: a pod that
+# is no trainer (a TrainJob's initializers, any other pod) is not the webhook's to touch,
+# an injected one (reinvoked) carries its status instead, and the webhook never writes
+# into a system namespace.
+UNMARKED_SKIPS = frozenset({SKIP_NOT_TRAINER, SKIP_ALREADY_INJECTED, SKIP_SYSTEM_NAMESPACE})
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class MutationResult:
     deny: bool  # invalid setting and config says deny
 
 
+def reason_mark(reason: str, message: str) -> dict[str, str]:
+    """The annotation that says why a pod is not (or may not be) protected."""
+    return {settings.REASON_KEY: f"{reason}: {message}"}
+
+
 def _skip(
     pod: dict[str, Any],
     reason: str,
@@ -77,7 +88,40 @@ def _skip(
     warnings: list[str] | None = None,
     deny: bool = False,
 ) -> MutationResult:
-    return MutationResult(pod, [], False, reason, message, warnings or [], {}, deny)
+    """The pod left uninjected; marked with ``reason`` (its only change) unless denied or
+    one of ``UNMARKED_SKIPS``."""
+    out, ops = pod, list[dict[str, Any]]()
+    if not deny and reason not in UNMARKED_SKIPS:
+        out, ops = patches.annotate(pod, reason_mark(reason, message))
+    return MutationResult(out, ops, False, reason, message, warnings or [], {}, deny)
+
+
+def _identity_arrived(pod: dict[str, Any]) -> MutationResult:
+    """An injected pod marked ``no-credentials`` whose jitckpt containers all carry a
+    workload identity now (an identity webhook called after this one, at reinvocation):
+    the mark is taken off, the pod is otherwise unchanged."""
+    message = "already injected (jitckpt.io/status or a jitckpt container present); unchanged"
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    mark = annotations.get(settings.REASON_KEY)
+    spec = pod.get("spec") or {}
+    ours = [
+        c
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or []
+        if isinstance(c, dict) and c.get("name") in OUR_CONTAINERS
+    ]
+    has_identity = bool(ours) and all(identity.find(c) is not None for c in ours)
+    if not (isinstance(mark, str) and mark.startswith(NO_CREDENTIALS + ":") and has_identity):
+        return _skip(pod, SKIP_ALREADY_INJECTED, message)
+    kept = {k: v for k, v in annotations.items() if k != settings.REASON_KEY}
+    out = {**pod, "metadata": {**pod["metadata"], "annotations": kept}}
+    ops = [
+        {"op": "remove", "path": patches.pointer(["metadata", "annotations", settings.REASON_KEY])}
+    ]
+    message = (
+        "already injected; a workload identity was added since: the no-credentials mark is removed"
+    )
+    return MutationResult(out, ops, False, SKIP_ALREADY_INJECTED, message, [], {}, False)
 
 
 def _strings(value: Any) -> dict[str, str]:
@@ -97,11 +141,7 @@ def mutate(
     if namespace.name in SYSTEM_NAMESPACES or namespace.name == config.webhook_namespace:
         return _skip(pod, SKIP_SYSTEM_NAMESPACE, f"namespace {namespace.name} is never injected")
     if looks_injected(pod):
-        return _skip(
-            pod,
-            SKIP_ALREADY_INJECTED,
-            "already injected (jitckpt.io/status or a jitckpt container present); unchanged",
-        )
+        return _identity_arrived(pod)
     trainer = jobs.detect(pod)
     if isinstance(trainer, jobs.NotTrainer):
         return _skip(pod, SKIP_NOT_TRAINER, trainer.message)

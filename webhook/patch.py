@@ -155,3 +155,28 @@ def spec_digest(before: dict[str, Any], after: dict[str, Any]) -> str:
     the status annotation, which records this digest and so cannot be part of it.
     """
     return digest(diff({"spec": before.get("spec")}, {"spec": after.get("spec")}))
+
+
+def annotate(pod: dict[str, Any], entries: dict[str, str]) -> tuple[dict[str, Any], Patch]:
+    """``pod`` with ``entries`` set among its annotations (a new pod sharing all else with
+    ``pod``), and the operations that make that change; none when every entry is there, or
+    when the pod's metadata has no shape to write them into (a damaged pod is left alone)."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        return pod, []
+    annotations = metadata.get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        return pod, []
+    if isinstance(annotations, dict):
+        changed = {k: v for k, v in entries.items() if annotations.get(k) != v}
+        ops: Patch = [
+            {"op": "add", "path": pointer(["metadata", "annotations", k]), "value": v}
+            for k, v in changed.items()
+        ]
+        merged = {**annotations, **changed}
+    else:
+        merged = dict(entries)
+        ops = [{"op": "add", "path": "/metadata/annotations", "value": dict(entries)}]
+    if not ops:
+        return pod, []
+    return {**pod, "metadata": {**metadata, "annotations": merged}}, ops

@@ -92,7 +92,9 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from webhook import gcpause
-    from webhook.config import ConfigError, load_config
+    from webhook.config import ConfigError
+    from webhook.configfile import ConfigFile
+    from webhook.events import AdmissionEvents
     from webhook.jsonlog import configure_logging
     from webhook.namespaces import NamespaceCache, NamespaceWatcher, kube_api_client
     from webhook.readdeadline import ReadDeadlineH11Protocol
@@ -102,7 +104,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     try:
-        config = load_config(args.config)
+        config = ConfigFile(args.config)
     except ConfigError as exc:
         log.error("invalid configuration: %s", exc)
         return 2
@@ -142,7 +144,12 @@ def run_serve(args: argparse.Namespace) -> int:
     def ready() -> bool:
         return tls.loaded and (namespaces is None or namespaces.synced)
 
-    app = create_app(config, cache, ready=ready)
+    events = None
+    if api_client is not None:
+        from kubernetes import client
+
+        events = AdmissionEvents(client.CoreV1Api(api_client))
+    app = create_app(config, cache, ready=ready, events=events)
     server_config = uvicorn.Config(
         app,
         host=args.host,

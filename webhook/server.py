@@ -34,6 +34,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from webhook import events as admission_events
+from webhook import patch as patches
 from webhook.admission import (
     MAX_BODY_BYTES,
     PodRequest,
@@ -43,25 +45,46 @@ from webhook.admission import (
     uid_from_prefix,
 )
 from webhook.config import WebhookConfig
+from webhook.configfile import ConfigFile
+from webhook.events import AdmissionEvents, controller_of
 from webhook.metrics import AdmissionMetrics
 from webhook.mutate import (
     SKIP_ALREADY_INJECTED,
+    SKIP_EXPOSED,
+    SKIP_HOST_NETWORK,
     SKIP_INVALID_SETTING,
     SKIP_NAMESPACE_UNKNOWN,
+    SKIP_NO_DESTINATION,
     SKIP_NOT_CREATE,
     SKIP_NOT_TRAINER,
+    SKIP_SHARED_PROCESSES,
+    SKIP_UNKNOWN_NODES,
     MutationResult,
     NamespaceInfo,
     mutate,
+    reason_mark,
 )
 from webhook.namespaces import NamespaceCache
-from webhook.settings import INJECTION_ENABLED, INJECTION_LABEL
+from webhook.settings import INJECTION_ENABLED, INJECTION_LABEL, REASON_KEY
 
 log = logging.getLogger(__name__)
 
 # Skip reasons that are the normal course of things and need no warning:
 # initializer pods of a TrainJob, and the reinvocation of an injected pod.
 QUIET_SKIPS = frozenset({SKIP_NOT_TRAINER, SKIP_ALREADY_INJECTED})
+# Skips of a trainer pod the job's owner would not expect: an Event on the job says so
+# (opted-out is the job's own choice; not-opted-in a namespace label removed meanwhile).
+EVENT_SKIPS = frozenset(
+    {
+        SKIP_NO_DESTINATION,
+        SKIP_HOST_NETWORK,
+        SKIP_SHARED_PROCESSES,
+        SKIP_EXPOSED,
+        SKIP_UNKNOWN_NODES,
+        SKIP_INVALID_SETTING,
+        SKIP_NAMESPACE_UNKNOWN,
+    }
+)
 # Enough of an oversized body to find the request uid in it.
 UID_PREFIX_BYTES = 64 * 1024
 # The API server sends a review at once and gives up after the webhook's
@@ -117,7 +140,7 @@ class AdmissionHandler:
 
     def __init__(
         self,
-        config: WebhookConfig,
+        config: WebhookConfig | ConfigFile,
         namespaces: NamespaceCache | None,
         metrics: AdmissionMetrics,
         *,
@@ -127,8 +150,10 @@ class AdmissionHandler:
         max_in_flight: int,
         queue_seconds: float = QUEUE_SECONDS,
         max_waiting: int = MAX_WAITING,
+        events: AdmissionEvents | None = None,
     ) -> None:
-        self.config = config
+        self.config_file = config if isinstance(config, ConfigFile) else ConfigFile.fixed(config)
+        self.events = events or AdmissionEvents(None)
         self.namespaces = namespaces
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -208,15 +233,23 @@ class AdmissionHandler:
             return self._skipped(req, SKIP_NOT_CREATE, message)
         namespace = await self._namespace(req.namespace)
         if namespace is None:
-            return self._skipped(
-                req,
-                SKIP_NAMESPACE_UNKNOWN,
-                f"jitckpt: namespace {req.namespace} is not known to the webhook yet; "
-                "pod admitted without checkpointing",
-                warn=True,
+            message = (
+                f"namespace {req.namespace} is not known to the webhook yet; "
+                "pod admitted without checkpointing"
             )
-        result = mutate(req.pod, namespace, self.config, require_opt_in=True)
+            _, marked = patches.annotate(req.pod, reason_mark(SKIP_NAMESPACE_UNKNOWN, message))
+            self._tell_owner(req, admission_events.NOT_INJECTED, SKIP_NAMESPACE_UNKNOWN, message)
+            return self._skipped(
+                req, SKIP_NAMESPACE_UNKNOWN, f"jitckpt: {message}", warn=True, patch=marked
+            )
+        result = mutate(req.pod, namespace, self.config_file.current(), require_opt_in=True)
         return self._answer(req, result)
+
+    def _tell_owner(self, req: PodRequest, event: str, reason: str, message: str) -> None:
+        """The Event on the pod's job (not for a dry run: no side effects then)."""
+        if not req.dry_run:
+            owner = controller_of(req.pod, req.namespace)
+            self.events.notice(owner, event, f"{reason}: {message}")
 
     async def _namespace(self, name: str) -> NamespaceInfo | None:
         if self.namespaces is None:
@@ -244,6 +277,10 @@ class AdmissionHandler:
             )
         if result.injected:
             self.metrics.injected.inc()
+            mark = (result.pod["metadata"].get("annotations") or {}).get(REASON_KEY)
+            if mark is not None:
+                reason, _, message = str(mark).partition(": ")
+                self._tell_owner(req, admission_events.NO_CREDENTIALS, reason, message)
             log.info(
                 "injected",
                 extra={
@@ -264,19 +301,27 @@ class AdmissionHandler:
             warnings.insert(0, "jitckpt: invalid settings; pod admitted without checkpointing")
         elif reason not in QUIET_SKIPS and result.message:
             warnings.insert(0, f"jitckpt: {result.message}")
+        if reason in EVENT_SKIPS:
+            self._tell_owner(req, admission_events.NOT_INJECTED, reason, result.message)
         self.metrics.skipped.labels(reason=reason).inc()
         log.info("skipped", extra={"fields": {**fields, "reason": reason, "msg": result.message}})
-        return 200, review(req.uid, warnings=warnings)
+        return 200, review(req.uid, patch=result.patch, warnings=warnings)
 
     def _skipped(
-        self, req: PodRequest, reason: str, message: str, *, warn: bool = False
+        self,
+        req: PodRequest,
+        reason: str,
+        message: str,
+        *,
+        warn: bool = False,
+        patch: list[dict[str, Any]] | None = None,
     ) -> tuple[int, dict[str, Any]]:
         self.metrics.skipped.labels(reason=reason).inc()
         log.info(
             "skipped",
             extra={"fields": {"uid": req.uid, "namespace": req.namespace, "reason": reason}},
         )
-        return 200, review(req.uid, warnings=[message] if warn else None)
+        return 200, review(req.uid, patch=patch, warnings=[message] if warn else None)
 
     def _failed(self, exc: ReviewError) -> tuple[int, dict[str, Any]]:
         """Known uid: admit unchanged and say why. Unknown: an error review, HTTP 4xx."""
@@ -298,7 +343,7 @@ def _pod_name(req: PodRequest) -> str:
 
 
 def create_app(
-    config: WebhookConfig,
+    config: WebhookConfig | ConfigFile,
     namespaces: NamespaceCache | None,
     *,
     metrics: AdmissionMetrics | None = None,
@@ -307,6 +352,7 @@ def create_app(
     namespace_wait_seconds: float = 2.0,
     body_read_seconds: float = BODY_READ_SECONDS,
     max_in_flight: int = MAX_IN_FLIGHT,
+    events: AdmissionEvents | None = None,
 ) -> FastAPI:
     """The admission app.
 
@@ -315,6 +361,9 @@ def create_app(
     ``/readyz``; by default the cache has synced (always ready without one).
     """
     metrics = metrics or AdmissionMetrics.create()
+    if isinstance(config, ConfigFile):
+        reloads = metrics.config_reloads
+        config.on_reload = lambda result: reloads.labels(result=result).inc()
     handler = AdmissionHandler(
         config,
         namespaces,
@@ -323,6 +372,7 @@ def create_app(
         namespace_wait_seconds=namespace_wait_seconds,
         body_read_seconds=body_read_seconds,
         max_in_flight=max_in_flight,
+        events=events,
     )
     if ready is None:
         cache = namespaces
@@ -333,6 +383,7 @@ def create_app(
         title="jitckpt admission webhook", docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.metrics = metrics
+    app.state.events = handler.events
 
     @app.post("/mutate")
     async def mutate_pod(request: Request) -> Response:

@@ -24,6 +24,9 @@ INJECTION_LABEL = PREFIX + "injection"  # namespace label; "enabled" opts the na
 INJECTION_ENABLED = "enabled"
 INJECT_KEY = PREFIX + "inject"  # pod label or annotation; "false" opts one job out
 STATUS_KEY = PREFIX + "status"  # written by the webhook: what it injected
+# Written by the webhook: "<reason>: <sentence>", why a pod was not injected (the skip
+# reason, as the metrics spell it) or why an injected one may run unprotected.
+REASON_KEY = PREFIX + "reason"
 
 # Sources of a resolved value, lowest precedence first.
 SOURCE_BUILTIN = "builtin"
@@ -83,6 +86,11 @@ _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "
 BOOLEANS = ("true", "false")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 SIDECAR_MODES = ("native", "legacy")
+# What a sidecar that cannot reach the store does: let the trainer run unprotected (and
+# say so), or hold it (fail closed: the pod never starts training).
+RUN_UNPROTECTED = "run-unprotected"
+FAIL_CLOSED = "fail-closed"
+STORE_UNREACHABLE = (RUN_UNPROTECTED, FAIL_CLOSED)
 INT32_MAX = 2**31 - 1
 
 
@@ -244,11 +252,19 @@ _SETTINGS = (
         _one_of(BOOLEANS),
         "at a normal end of training, upload the model the program saved to <job root>/final/",
     ),
+    Setting(
+        "store-unreachable",
+        RUN_UNPROTECTED,
+        "must be one of " + ", ".join(STORE_UNREACHABLE),
+        _one_of(STORE_UNREACHABLE),
+        "a sidecar that cannot reach the store lets the trainer run unprotected, or "
+        "(fail-closed) never lets it start",
+    ),
 )
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in _SETTINGS}
 # jitckpt.io/* keys that are not settings but are known.
-RESERVED_KEYS = (INJECT_KEY, STATUS_KEY, INJECTION_LABEL)
+RESERVED_KEYS = (INJECT_KEY, STATUS_KEY, REASON_KEY, INJECTION_LABEL)
 
 
 # Applies to every setting before its own rule: each value ends up in an env

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from shim import layout
-from webhook.settings import STATUS_KEY
+from webhook.settings import REASON_KEY, STATUS_KEY
 
 AGENT = layout.AGENT_CONTAINER  # the sidecar (native) or the legacy run container
 RESTORE = "jitckpt-restore"  # the legacy restore init container
@@ -148,10 +148,12 @@ def _unprepend(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def drop_status_annotation(pod: dict[str, Any]) -> None:
-    """Remove the status annotation in place (and ``annotations`` if it was the only one)."""
+    """Remove the webhook's annotations (status, reason) in place, and ``annotations`` if
+    nothing else was in it."""
     metadata = pod.setdefault("metadata", {})
     annotations = metadata.get("annotations") or {}
     annotations.pop(STATUS_KEY, None)
+    annotations.pop(REASON_KEY, None)
     if annotations:
         metadata["annotations"] = annotations
     else:

@@ -4,7 +4,9 @@ With no arguments: the bundled tiny HF Trainer script on two nodes, an
 embedded S3 server, SIGTERM mid-run, resume, and a bitwise comparison with a
 run never interrupted. ``--script`` runs your own, unchanged script instead
 (it becomes the trainer container's ``torchrun`` command in generated
-PyTorchJob pods, or TrainJob ``node`` pods with ``--kind trainjob``).
+PyTorchJob pods, or TrainJob ``node`` pods with ``--kind trainjob``); a shell
+script (``.sh``) is the command itself, run by bash, and starts torchrun as
+the ``bash -c`` line of a Kubeflow SDK ``CustomTrainer(func=...)`` does.
 Only the standard library is imported here; the run itself imports the rest.
 """
 
@@ -17,7 +19,13 @@ from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--script", type=Path, help="your training script (default: bundled)")
+    parser.add_argument(
+        "--script",
+        type=Path,
+        help="your training script, run by torchrun (default: bundled); a .sh script is the "
+        "trainer's command itself, run by bash (it starts torchrun, as a Kubeflow SDK "
+        "function's bash -c line does)",
+    )
     parser.add_argument("--nnodes", type=int, default=2, help="pods, one per node (default 2)")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per pod")
     parser.add_argument(

@@ -9,6 +9,7 @@ SIGTERM, grace period, SIGKILL), as the kubelet's would.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,15 @@ from webhook.config import WebhookConfig
 from webhook.jobs import PYTORCHJOB
 from webhook.mutate import MutationResult, NamespaceInfo, mutate
 from webhook.status import AGENT
+
+
+def termination_doc(message: str) -> dict[str, Any]:
+    """A sidecar's termination message as its JSON document (plain text: its message)."""
+    try:
+        doc = json.loads(message)
+    except ValueError:
+        return {"message": message}
+    return doc if isinstance(doc, dict) else {"message": message}
 
 
 def job_pods(job: JobSpec) -> list[dict[str, Any]]:
@@ -85,7 +95,7 @@ class JobRun:
     def _ended_before(self, step: int) -> str:
         """Why the job ended before ``step``: the shim left its training alone (so nothing
         held the job there), or it ended early."""
-        said = self.gave_up()
+        said = self.gave_up() + self.unfollowed()
         if not said:
             return f"the job ended before step {step} (last step seen {self.step})"
         return (
@@ -110,6 +120,18 @@ class JobRun:
                 if message not in found:
                     found.append(message)
         return found
+
+    def unfollowed(self) -> list[str]:
+        """What the gone pods' sidecars say in their termination messages of a training
+        process the shim did not follow (``unfollowed``), each once."""
+        found: list[str] = []
+        for pod in self.pods:
+            if not pod.done:
+                continue
+            doc = termination_doc(pod.wait(0).message(AGENT))
+            if doc.get("unfollowed"):
+                found.append(f"the sidecar's termination message: {doc.get('message')}")
+        return list(dict.fromkeys(found))
 
     def preempt(self, ranks: Sequence[int] | None = None) -> None:
         """Terminate the pods of these node ranks (all by default), as a preemption does."""

@@ -14,19 +14,23 @@ user's env would (the webhook never sets them); the shim reads them:
 - with ``--compare``, the resumed run and the uninterrupted one (a job of its
   own name, injected too, never preempted) get ``JITCKPT_DEMO_FINAL_WEIGHTS``:
   rank 0's shim writes the trained model's state dict there at the normal end
-  of training, so the script needs no flag for it.
+  of training, so the script needs no flag for it: the weights of the last
+  step, taken before a best-model load (HF's ``load_best_model_at_end`` would
+  otherwise hand over a checkpoint's from before the preemption), and beside
+  them the trainer's log history where the framework keeps one (HF's).
 
-``--compare`` then judges both what the shim captured (those weights) and
-what the script itself saved at its end, as each job's sidecar uploaded it to
-``final/`` (``saved``): a resumed run whose weights match but whose saved EMA,
-tracker or counter does not is not "the same result".
+``--compare`` then judges what the shim captured (those weights and that log:
+every loss, gradient norm and evaluation logged, ``loghistory``) and what the
+script itself saved at its end, as each job's sidecar uploaded it to
+``final/`` (``saved``): a resumed run whose best checkpoint or weights match
+but whose logged losses, saved EMA, tracker or counter do not is not "the
+same result".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import secrets
 import shutil
@@ -40,14 +44,21 @@ from typing import IO, Any
 
 from local.demo.destination import Destination
 from local.demo.jobpods import JobSpec
-from local.demo.jobrun import JobRun
+from local.demo.jobrun import JobRun, termination_doc
+from local.demo.loghistory import LogComparison, compare_logs
+from local.demo.loghistory import read as read_log
 from local.demo.narrate import Narrator, downloaded
 from local.demo.saved import SavedComparison, compare_runs
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
 from local.podrunner import ImageRoot, Node, ObjectStore
 from local.ports import free_port
-from shim.layout import ENV_DEMO_FINAL_WEIGHTS, ENV_DEMO_HOLD_AT_STEP, JIT_EXIT_CODE
+from shim.layout import (
+    ENV_DEMO_FINAL_WEIGHTS,
+    ENV_DEMO_HOLD_AT_STEP,
+    JIT_EXIT_CODE,
+    demo_log_path,
+)
 from webhook.config import WebhookConfig
 from webhook.injection import job_root
 from webhook.jobs import PYTORCHJOB
@@ -70,6 +81,11 @@ def image_env() -> dict[str, str]:
     its pods, keeps that comparison about the resume alone.
     """
     return {**IMAGE_ENV, "PYTHONHASHSEED": str(random.SystemRandom().randrange(1, 2**32))}
+
+
+def launcher(script: Path) -> str:
+    """What runs ``script`` in the trainer container: bash for a shell script, else torchrun."""
+    return "bash" if script.suffix == ".sh" else "torchrun"
 
 
 @dataclass
@@ -126,13 +142,18 @@ class Scenario:
         return self.options.script is None
 
     def command(self, run: str) -> list[str]:
-        """The trainer container's command: torchrun reads the node layout from PET_* env."""
+        """The trainer container's command: torchrun reads the node layout from PET_* env.
+
+        A shell script (``.sh``) is the command itself, run by bash: it starts torchrun as
+        it likes, as the ``bash -c`` line of a Kubeflow SDK ``CustomTrainer(func=...)``
+        writes the function to a new temporary file and runs it at every pod start.
+        """
         script = self.options.script or BUNDLED_SCRIPT
         args = list(self.options.script_args)
         if self.bundled:
             args += ["--output-dir", str(self.workdir / "output" / run)]
             args += ["--max-steps", str(self.options.max_steps)]
-        return ["torchrun", str(script), *args]
+        return [launcher(script), str(script), *args]
 
     @property
     def reference_name(self) -> str:
@@ -192,14 +213,6 @@ class Scenario:
                     pod.kill()
         for watcher in self.watchers:
             watcher.stop()
-
-
-def _termination_doc(message: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(message)
-    except ValueError:
-        return {"message": message}
-    return doc if isinstance(doc, dict) else {"message": message}
 
 
 def _same(values: list[Any]) -> Any:
@@ -323,7 +336,7 @@ def finish_first(s: Scenario, first: JobRun, watcher: CommitWatcher) -> FirstRun
     first.wait(s.options.grace_period + 60)
     watcher.stop()
     assert first.sigterm_at is not None and first.finished_at is not None
-    docs = [_termination_doc(m) for m in first.messages()]
+    docs = [termination_doc(m) for m in first.messages()]
     jit_steps = [
         (d.get("last_committed") or {}).get("step")
         for d in docs
@@ -428,7 +441,7 @@ def resumed_runs(s: Scenario, final_weights: Path | None) -> list[ResumedRun]:
     while True:
         number = len(runs) + 2
         run = resume(s, final_weights, number)
-        resumed = ResumedRun(number, run, [_termination_doc(m) for m in run.messages()])
+        resumed = ResumedRun(number, run, [termination_doc(m) for m in run.messages()])
         runs.append(resumed)
         for pod, size in resumed.downloaded().items():
             s.narrator.say(f"run {number}: {pod} restored with {downloaded(size)}")
@@ -446,7 +459,7 @@ def resumed_runs(s: Scenario, final_weights: Path | None) -> list[ResumedRun]:
 
 def resumed_from(second: JobRun) -> int | None:
     """The step every sidecar of a resumed run restored (None: none, or they disagree)."""
-    docs = [_termination_doc(m) for m in second.messages()]
+    docs = [termination_doc(m) for m in second.messages()]
     step = _same([d.get("restored_step") for d in docs])
     return step if isinstance(step, int) else None
 
@@ -457,7 +470,7 @@ def reported_last_step(run: JobRun) -> int | None:
     The sidecar's ``/status`` is polled and its progress reports are rate-limited,
     so both may miss the last step; the final report is sent as training ends.
     """
-    docs = [_termination_doc(m) for m in run.messages()]
+    docs = [termination_doc(m) for m in run.messages()]
     step = _same([d.get("last_step") for d in docs])
     return step if isinstance(step, int) else None
 
@@ -467,7 +480,8 @@ def story(s: Scenario) -> dict[str, Any]:
     script = o.script or BUNDLED_SCRIPT
     say(
         f"jitckpt demo: {o.nnodes} node(s) x {o.nproc_per_node} process(es) running "
-        f"`torchrun {script.name}` as {o.kind} pods, checkpoints to {s.destination.description}"
+        f"`{launcher(script)} {script.name}` as {o.kind} pods, checkpoints to "
+        f"{s.destination.description}"
     )
     started = time.monotonic()
     reference_weights = o.reference_weights or s.workdir / "weights-uninterrupted.pt"
@@ -495,6 +509,7 @@ def story(s: Scenario) -> dict[str, Any]:
     if reference is not None:
         finish_reference(s, reference)
     equal = compare(s, resumed_weights, reference_weights) if o.compare else None
+    logged = compare_log_history(s, resumed_weights, reference_weights) if o.compare else None
     saved = compare_saved_output(s) if reference is not None else None
 
     trainer_codes = first.exit_codes()
@@ -519,12 +534,15 @@ def story(s: Scenario) -> dict[str, Any]:
         checks["uninterrupted run finished"] = all(c == 0 for c in reference.exit_codes())
     if o.compare and not o.resharded:  # other global batches from the resume on: not bitwise
         checks["equal to uninterrupted"] = equal is True
+    if logged is not None and not o.resharded:
+        checks["the trainer's log equals the uninterrupted run's"] = logged.equal
     if saved is not None and not o.resharded:
         checks["what the script saved equals the uninterrupted run's"] = saved.equal is True
     ok = all(checks.values())
     failed = [name for name, passed in checks.items() if not passed]
     if ok:
         same = ", same result as the uninterrupted run" if equal else ""
+        same += " and the same log" if equal and logged is not None else ""
         say(f"verdict: OK, preempted at step {k}, saved just in time, resumed{same}")
     else:
         say(f"verdict: FAILED ({'; '.join(failed)}); logs in {s.workdir / 'node' / 'pods'}")
@@ -552,6 +570,11 @@ def story(s: Scenario) -> dict[str, Any]:
         "failed_trainers": failures,
         "set_aside": [mark for r in runs for mark in r.set_aside()],
         "equal_to_uninterrupted": equal,
+        "log_history": (
+            {"equal": logged.equal, "detail": logged.detail(), "differing": logged.differing}
+            if logged is not None
+            else None
+        ),
         "saved_output": saved.summary() if saved is not None else None,
         "destination": s.job_root,
         "final_model": model,
@@ -626,6 +649,25 @@ def compare(s: Scenario, resumed: Path, reference: Path) -> bool:
         )
     s.narrator.say(f"final weights, resumed vs uninterrupted: {detail}")
     return equal
+
+
+def compare_log_history(s: Scenario, resumed: Path, reference: Path) -> LogComparison | None:
+    """The trainer's log history of both runs, written by the shim beside the final
+    weights (and said); None when neither run's framework keeps one."""
+    paths = {
+        name: Path(demo_log_path(str(path)))
+        for name, path in (("resumed", resumed), ("uninterrupted", reference))
+    }
+    present = {name: path for name, path in paths.items() if path.exists()}
+    if not present:
+        return None
+    if len(present) < len(paths):
+        [missing] = set(paths) - set(present)
+        comparison = LogComparison(1, [f"the {missing} run's log (it wrote none)"])
+    else:
+        comparison = compare_logs(read_log(paths["resumed"]), read_log(paths["uninterrupted"]))
+    s.narrator.say(f"the trainer's log history, resumed vs uninterrupted: {comparison.detail()}")
+    return comparison
 
 
 def compare_saved_output(s: Scenario) -> SavedComparison:

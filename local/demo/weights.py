@@ -103,11 +103,12 @@ def _differences(a: Any, b: Any, where: str, found: list[str]) -> None:
     elif isinstance(a, (list, tuple)) and type(a) is type(b) and len(a) == len(b):
         for index, (x, y) in enumerate(zip(a, b, strict=True)):
             _differences(x, y, f"{where}[{index}]", found)
-    elif not _same_value(a, b):
+    elif not same_value(a, b):
         found.append(where)
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Same type and value; floats bit for bit (``-0.0`` is not ``0.0``, NaN is NaN)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, float):

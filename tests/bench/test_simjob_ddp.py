@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.scale import DDP_STATE, RESTORING_NODE, ddp_bytes
 from bench.simjob import MARKER_BYTES, RANK_FILE_BYTES, DdpJob, StateTensor
 from local.s3server import LocalS3
-from shim.frameworks.plain import replicated
+from shim.frameworks.plain.layout import replicated
 from tests.support.faultproxy import FaultProxy
 
 

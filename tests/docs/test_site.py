@@ -45,3 +45,13 @@ def test_the_site_builds_strict_with_every_page(tmp_path: Path) -> None:
         assert (site / page / "index.html").is_file(), page
     quickstart = (site / "quickstart" / "index.html").read_text()
     assert "--preempt-at-step" in quickstart  # the flag table, filled in from the demo's parser
+
+
+def test_troubleshooting_names_every_skip_reason_as_the_code_spells_it() -> None:
+    """The skip reasons the metrics label, each listed as `reason` on the page."""
+    from webhook import mutate
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    reasons = (*mutate.SKIP_REASONS, mutate.SKIP_NOT_CREATE, mutate.SKIP_NAMESPACE_UNKNOWN)
+    missing = [r for r in reasons if f"- `{r}`:" not in text]
+    assert missing == [], f"docs/troubleshooting.md does not list {missing}"

@@ -36,8 +36,9 @@ class Case:
 
 
 CASES = [
-    # 192 samples / 2 ranks / batch 8: 12 steps an epoch, 3 epochs.
-    Case("plain-ddp-2-workers", "loop_augment_workers.py", 17, "augmented_model.pt"),
+    # 192 samples / 2 ranks / batch 8: 12 steps an epoch, 3 epochs; persistent workers,
+    # stopped in the first epoch: the resumed run's workers carry their states on.
+    Case("plain-ddp-2-workers", "loop_augment_workers.py", 7, "augmented_model.pt"),
     # 160 samples / 2 ranks / batch 8: 10 steps an epoch, 3 epochs.
     Case(
         "accelerate-2-workers",
@@ -46,8 +47,9 @@ CASES = [
         "accelerate_augment.pt",
         ["--workers", "2"],
     ),
-    # 64 sentences / 2 ranks / batch 4: 8 steps an epoch, 3 epochs.
-    Case("hf-mlm-2-workers", "train_mlm_collator.py", 11, "mlm-out/model.safetensors"),
+    # 64 sentences / 2 ranks / batch 4: 8 steps an epoch, 3 epochs; persistent workers
+    # (the collator masks in them), stopped in the first epoch.
+    Case("hf-mlm-2-workers", "train_mlm_collator.py", 5, "mlm-out/model.safetensors"),
     # 160 samples / 2 ranks / batch 8: 10 steps an epoch, 3 epochs; stopped in the second
     # epoch, whose DistributedSampler epoch the resumed iterator must draw its order from.
     Case("lightning-2-workers", "train_lightning_augment.py", 13, "lightning_augment.pt"),

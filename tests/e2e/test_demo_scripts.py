@@ -1,16 +1,19 @@
 """``jitckpt demo --script S`` on unchanged user scripts, as a user runs it.
 
-Two ordinary HF Trainer scripts that know nothing of jitckpt and take no
-flags: ``reviews_fast.py`` trains about a hundred steps a second (far faster
-than the shim's once-a-second progress reports), ``notes_slow.py`` about one
-step a second (each batch is slow to fetch). Whatever the speed, the JIT
-checkpoint must be at the step asked for (or the next), and with ``--compare``
-the resumed run must end bitwise equal to a run never preempted, with nothing
-asked of the script. One case runs the job as TrainJob ``node`` pods. A third
-script, ``reviews_zero.py``, is ``reviews_fast.py`` under DeepSpeed ZeRO-3 with
-periodic saves: its case checks what a DeepSpeed run adds (the JIT checkpoint
-streamed through ZeRO-3's double save, each node restoring its own rank's
-partitions and the shared files, the periodic saves said synchronous once).
+Two ordinary HF Trainer scripts that know nothing of jitckpt and take no flags:
+``reviews_fast.py`` trains about a hundred steps a second (far faster than the
+shim's once-a-second progress reports), ``notes_slow.py`` about one step a
+second (each batch is slow to fetch). Whatever the speed, the JIT checkpoint
+must be at the step asked for (or the next), and with ``--compare`` the resumed
+run must end bitwise equal to a run never preempted, with nothing asked of the
+script: the last step's weights, every value the Trainer logged (its log
+history), and the books of the script's own callback (``reviews_fast.py`` keeps
+every logged loss and counts its evaluations). One case runs the job as
+TrainJob ``node`` pods. A third script, ``reviews_zero.py``, is
+``reviews_fast.py`` under DeepSpeed ZeRO-3 with periodic saves: its case checks
+what a DeepSpeed run adds (the JIT checkpoint streamed through ZeRO-3's double
+save, each node restoring its own rank's partitions and the shared files, the
+periodic saves said synchronous once).
 
 Each case is one real demo (three jobs with ``--compare``), so the cases are
 few and chosen to cover: 1 and 2 nodes, every pod or one preempted, both job
@@ -109,6 +112,16 @@ def test_unchanged_script_is_preempted_at_the_step_and_resumes(case: Case, tmp_p
         node0 = Path(summary["sidecar_logs"]["preempted"][0]).read_text(errors="replace")
         spread = re.search(r"(\d+) of their (\d+) pieces uploaded by the other nodes", node0)
         assert spread is not None and int(spread.group(1)) >= 1, context
+    if case.compare and case.script == FAST:
+        # The script's own callback wrote what it kept: every loss logged (the first after
+        # the resume averages steps from before it too), and the evaluations counted.
+        work = tmp_path / "demo" / "work"
+        resumed, uninterrupted = (
+            json.loads(next((work / run / "node-0").glob("*-model/record.json")).read_text())
+            for run in ("run-2", "reference")
+        )
+        assert resumed == uninterrupted, context
+        assert uninterrupted["evaluations"] == 3 and len(uninterrupted["losses"]) == 6, context
 
 
 @pytest.mark.slow
@@ -181,6 +194,9 @@ def check_preempted_and_resumed(
     if case.compare:
         assert summary["equal_to_uninterrupted"] is True, context
         assert "same result" in account and "bitwise equal" in account
+        # The Trainer's log history: every loss, gradient norm, evaluation, time left out.
+        assert summary["log_history"]["equal"] is True, context
+        assert "same log" in account and "train_runtime" in summary["log_history"]["detail"]
     else:
         assert summary["equal_to_uninterrupted"] is None, context
         assert "same result" not in account and "uninterrupted run" not in account

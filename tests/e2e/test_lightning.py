@@ -8,7 +8,14 @@ holds its ranks at a step drawn from a seeded RNG (the seed is in the test,
 the step is printed), preempts, resumes in new pods, and compares the final
 weights bitwise with a run never preempted:
 
-- two nodes, SIGTERM to one pod only, imported as ``pytorch_lightning``;
+- two nodes, SIGTERM to one pod only, imported as ``pytorch_lightning``, with
+  Lightning's stateful callbacks on (``StochasticWeightAveraging`` over a
+  OneCycle schedule stepped per step, ``ModelCheckpoint`` keeping the best two
+  ``val_loss`` every 5 steps, ``LearningRateMonitor`` with a CSV logger),
+  gradient accumulation and clipping, validation twice an epoch, stopped
+  mid-epoch once SWA has started: the checkpoint the script saves after
+  ``fit()`` (callbacks, schedulers, loops' counters) must equal the
+  uninterrupted run's too;
 - two nodes, SIGTERM to both, a ``pvc://`` destination and the legacy sidecar;
 - one node with periodic saves every 5 steps, preempted between two of them:
   the periodic checkpoints are in the store (but those the JIT commit superseded
@@ -75,20 +82,31 @@ def assert_preempted_and_resumed(summary: dict[str, Any], step: int, nnodes: int
     return int(jit)
 
 
+# Lightning's stateful callbacks on a run of 5 epochs: 192 samples are 12 batches a rank
+# on two nodes, 6 optimizer steps with 2 accumulated; SWA from epoch 1 (step 6) on.
+CALLBACKS = [
+    *("--samples", "192", "--max-epochs", "5", "--accumulate-grad-batches", "2"),
+    *("--gradient-clip-val", "0.5", "--val-check-interval", "0.5"),
+    *("--swa", "--schedule", "onecycle", "--best-every", "5", "--lr-monitor"),
+]
+SWA_MID_EPOCH = [s for s in range(7, MAX_STEPS - 1) if s % 6]
 # Two nodes: SIGTERM to one pod only (S3, native sidecar, imported as pytorch_lightning,
-# a wider model in pieces of 64 KiB), and to both pods (pvc://, legacy sidecar). Both
-# nodes write the JIT checkpoint (copies); node 0 uploads a file smaller than two pieces.
-TWO_NODES: dict[str, tuple[int, tuple[str, list[str], list[str]]]] = {
-    "one-pod-s3-native-pytorch_lightning": (
+# a wider model in pieces of 64 KiB, the callbacks), and to both pods (pvc://, legacy
+# sidecar). Both nodes write the JIT checkpoint (copies); node 0 uploads a file smaller
+# than two pieces.
+TWO_NODES: dict[str, tuple[int, list[int], tuple[str, list[str], list[str]]]] = {
+    "one-pod-s3-native-pytorch_lightning-callbacks": (
         5501,
+        SWA_MID_EPOCH,
         (
             "one",
             ["--set", "piece-min-size=64Ki"],
-            ["--package", "pytorch_lightning", "--hidden", "512"],
+            ["--package", "pytorch_lightning", "--hidden", "512", *CALLBACKS],
         ),
     ),
     "all-pods-pvc-legacy": (
         7703,
+        MID_EPOCH,
         ("all", ["--destination", "pvc://ckpt-claim/lightning", "--sidecar-mode", "legacy"], []),
     ),
 }
@@ -113,8 +131,12 @@ def two_node_demo(
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(TWO_NODES))
 def test_two_nodes_preempted_resume_bitwise(case: str, tmp_path: Path) -> None:
-    seed, how = TWO_NODES[case]
-    _, summary = two_node_demo(tmp_path, seed, MID_EPOCH, how)
+    seed, steps, how = TWO_NODES[case]
+    _, summary = two_node_demo(tmp_path, seed, steps, how)
+    # What the script saved after fit() (trainer.save_checkpoint): callbacks, schedulers,
+    # the loops' counters, value by value.
+    saved = summary["saved_output"]
+    assert saved["equal"] is True and saved["files"] == ["final.ckpt"], saved
     node0 = Path(summary["sidecar_logs"]["preempted"][0]).read_text(errors="replace")
     spread = re.search(r"(\d+) replicated files, (\d+) of their (\d+) pieces", node0)
     assert spread is not None and int(spread.group(1)) >= 1, node0[-3000:]  # model.ckpt

@@ -4,7 +4,11 @@ Each story is ``jitckpt demo --script S --nnodes 2 --compare --json`` with one
 pod preempted mid-epoch, on an unchanged user script whose result depends on
 state no optimizer holds: an ``AveragedModel`` EMA, a ``GradScaler`` and a
 loss tracker of the script's own, and, under Accelerate, an EMA and a metrics
-tracker registered for checkpointing. What each script saves at its end is
+tracker registered for checkpointing. The DDP and the Accelerate story are
+training functions launched as the Kubeflow SDK launches one
+(``tests/support/kubeflow_sdk.py``): the trainer's command is the SDK's
+``bash`` line, which writes the function to a new temporary directory at every
+pod start and runs it with torchrun. What each script saves at its end is
 compared here from the pods' working directories, and by the demo itself from
 what the sidecars uploaded to ``final/``. The last story trains to the same
 weights but saves a count of its own that a resume cannot give back: the
@@ -24,13 +28,23 @@ import pytest
 import torch
 
 from local.demo.weights import compare_saved
+from tests.support import kubeflow_sdk
 
 SCRIPTS = Path(__file__).with_name("scripts")
 JITCKPT = Path(sys.executable).with_name("jitckpt")
 
 
-def demo(script: str, workdir: Path, step: int, nnodes: int = 2) -> tuple[dict[str, Any], str]:
-    argv = [str(JITCKPT), "demo", "--script", str(SCRIPTS / script), "--json", "--compare"]
+def demo(
+    script: str, workdir: Path, step: int, nnodes: int = 2, function: str | None = None
+) -> tuple[dict[str, Any], str]:
+    """The demo's summary and account; ``function``: that function of ``script`` launched
+    as the Kubeflow SDK launches it."""
+    launched = SCRIPTS / script
+    if function is not None:
+        launched = workdir / "kubeflow_sdk_command.sh"
+        func = kubeflow_sdk.function(SCRIPTS / script, function)
+        launched.write_text(kubeflow_sdk.command_line(func, "torchrun"))
+    argv = [str(JITCKPT), "demo", "--script", str(launched), "--json", "--compare"]
     argv += ["--nnodes", str(nnodes), "--preempt-at-step", str(step)]
     argv += ["--preempt-nodes", "one", "--workdir", str(workdir), "--keep"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480, check=False)
@@ -53,6 +67,7 @@ class Story:
     step: int  # mid-epoch: 8 steps per epoch on 2 nodes
     files: tuple[str, ...]  # what rank 0 saves at the end
     put_back: tuple[int, int, int]  # other modules, program objects, registered objects
+    function: str | None = None  # launched as the Kubeflow SDK launches this function
 
     @property
     def resumed_line(self) -> str:
@@ -67,16 +82,17 @@ STORIES = [
     # DDP with an AveragedModel EMA (no optimizer holds it): the EMA is what gets deployed.
     # A torch.compile'd model, a loop bounded by its own counter over next(it), and books of
     # its own (a running loss, the best loss, a patience, a list of logged values).
-    Story("loop_ema.py", 13, ("books.pt", "ema.pt", "model.pt"), (1, 0, 0)),
-    # Accelerate: an EMA and a metrics tracker registered for checkpointing.
-    Story("loop_accelerate_ema.py", 10, ("final.pt",), (0, 0, 2)),
+    # The SDK's way: the books are the function's locals, its file new at every pod start.
+    Story("loop_ema.py", 13, ("books.pt", "ema.pt", "model.pt"), (1, 0, 0), "train_fn"),
+    # Accelerate: an EMA and a metrics tracker registered for checkpointing (the SDK's way).
+    Story("loop_accelerate_ema.py", 10, ("final.pt",), (0, 0, 2), "train_fn"),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("story", STORIES, ids=[s.script for s in STORIES])
 def test_state_beside_the_model_resumes_exactly(story: Story, tmp_path: Path) -> None:
-    summary, account = demo(story.script, tmp_path, story.step)
+    summary, account = demo(story.script, tmp_path, story.step, function=story.function)
     context = f"{json.dumps(summary)[:3000]}\n{account[-3000:]}"
     for name in story.files:
         reference, resumed = saved_by_script(tmp_path, name)
@@ -93,6 +109,12 @@ def test_state_beside_the_model_resumes_exactly(story: Story, tmp_path: Path) ->
     for log in summary["trainer_logs"]["resumed"]:
         text = Path(log).read_text(errors="replace")
         assert story.resumed_line in text, text[-2000:]
+        if story.function is not None:
+            assert "the loop's own variables put back" in text, text[-2000:]
+    if story.function is not None:  # the books were the function's, in the SDK's file
+        for log in summary["trainer_logs"]["preempted"]:
+            text = Path(log).read_text(errors="replace")
+            assert f"/{kubeflow_sdk.FILE_NAME}:" in text, text[-2000:]
 
 
 @pytest.mark.slow

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from local.demo.scenario import DemoOptions, open_scenario, reference_run, run_demo
+from local.demo.weights import compare_saved
 
 # One worker for the module: its DDP reference run is made once.
 # Its shared fixtures are session ones (tests/conftest.py says why).
@@ -129,6 +131,17 @@ def test_ddp_loop_preempted_mid_epoch_resumes_bitwise(
     if story.nnodes > 1:
         for log in summary["sidecar_logs"]["resumed"]:
             assert lines_with(log, "this node's files and the shared ones only") == 1, log
+    # The loop runs in train(), called by main()'s epoch loop: both frames' books are saved,
+    # and the batch in flight (data, target: stored again before any read) is not.
+    for log in summary["trainer_logs"]["preempted"]:
+        assert lines_with(log, "of the 1 frame(s) whose loops call it") == story.nproc, log
+    if story.store != "s3":
+        ranks = sorted((tmp_path / "demo").glob(f"**/checkpoint-{step}/loop-state/rank-*.pt"))
+        assert ranks, context
+        for rank_file in ranks:
+            books = torch.load(rank_file, weights_only=True)["books"]
+            assert {"data", "target"} <= set(books["dead"]), books["dead"]
+            assert not {"data", "target"} & set(books["variables"]), rank_file
 
 
 @pytest.mark.slow
@@ -156,22 +169,27 @@ def test_accelerate_loop_with_accumulation_preempted_resumes_bitwise(tmp_path: P
 
 
 @pytest.mark.slow
-def test_demo_cli_on_a_single_process_loop_reports_ok(tmp_path: Path) -> None:
-    """``jitckpt demo --script ... --compare --json`` as a user runs it, one pod, one process."""
-    step = mid_epoch_step(4545, 30, 10)
+def test_demo_cli_on_a_loop_with_no_loader_called_per_epoch_reports_ok(tmp_path: Path) -> None:
+    """``jitckpt demo --script ... --compare --json`` as a user runs it, one pod, one process,
+    on word_language_model's shape: a module-level epoch loop calls ``train()``, whose loop
+    walks a tensor in slices with an LSTM's hidden state carried over, and divides the
+    module global ``lr`` by 4 on a plateau. Preempted inside its second epoch, the resumed
+    run ends where the uninterrupted one ends: its weights, ``lr`` and ``best_val_loss``."""
+    step = 25 + mid_epoch_step(6161, 25, 25)  # 25 batches an epoch: inside the second
     jitckpt = Path(sys.executable).with_name("jitckpt")
     done = subprocess.run(
         [
             str(jitckpt),
             "demo",
             "--script",
-            str(SHUFFLED_SCRIPT),
+            str(SCRIPTS / "loop_epochs_own_batches.py"),
             "--nnodes",
             "1",
             "--preempt-at-step",
             str(step),
             "--compare",
             "--json",
+            "--keep",
             "--workdir",
             str(tmp_path / "demo"),
             "--",
@@ -187,5 +205,10 @@ def test_demo_cli_on_a_single_process_loop_reports_ok(tmp_path: Path) -> None:
     assert summary["ok"] is True, (summary, done.stderr[-3000:])
     assert done.returncode == 0
     assert summary["jit_checkpoint_step"] == summary["resumed_from_step"] == step
-    assert summary["final_step"] == 30
+    assert summary["final_step"] == 75
     assert summary["equal_to_uninterrupted"] is True
+    work = tmp_path / "demo" / "work"
+    saved = [work / run / "node-0" / "out.pt" for run in ("reference", "run-2")]
+    assert compare_saved(*saved) == []
+    resumed = Path(summary["trainer_logs"]["resumed"][0]).read_text(errors="replace")
+    assert f"resumed at step {step}: the head of its loop in" in resumed, resumed[-3000:]

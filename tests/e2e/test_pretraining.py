@@ -65,11 +65,25 @@ def test_a_lightning_fabric_loop_with_one_pod_of_two_preempted_resumes_bitwise(
     assert "the loop's own variables put back" in resumed, resumed[-2000:]
 
 
-def test_the_demo_says_the_shim_gave_up_and_why_instead_of_an_early_end(tmp_path: Path) -> None:
-    """``itertools.cycle`` over a loader cannot be followed: the shim says so at step 1 and
-    holds nothing, so the job trains to its end without a preemption, and the demo says
-    that, not "the job ended before step 6"."""
-    command = [str(JITCKPT), "demo", "--script", str(CYCLE), "--nnodes", "1"]
+# Loops the shim cannot follow, and the words it gives: each trains to its end untouched.
+GAVE_UP = {
+    # itertools.cycle over a loader: its batches come from no DataLoader request.
+    "cycle": (CYCLE, "without a new batch from a DataLoader"),
+    # word_language_model without --use-optimizer: parameters updated by hand.
+    "hand-written-sgd": (SCRIPTS / "loop_hand_sgd.py", "it trains with no optimizer"),
+}
+
+
+@pytest.mark.parametrize("case", list(GAVE_UP))
+def test_the_demo_says_the_shim_gave_up_and_why_instead_of_an_early_end(
+    case: str, tmp_path: Path
+) -> None:
+    """The shim says at the first steps that it cannot follow the loop and holds nothing,
+    so the job trains to its end without a preemption, and the demo says that and why (the
+    trainer's log and the sidecar's termination message), not "the job ended before step
+    6"."""
+    script, reason = GAVE_UP[case]
+    command = [str(JITCKPT), "demo", "--script", str(script), "--nnodes", "1"]
     command += ["--preempt-at-step", "6", "--workdir", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode != 0
@@ -77,4 +91,7 @@ def test_the_demo_says_the_shim_gave_up_and_why_instead_of_an_early_end(tmp_path
     assert "ended before step" not in said
     assert "the shim gave up on this training, so nothing held it at step 6" in said
     assert "no preemption happened (the job ran to its end; last step reported" in said
-    assert "without a new batch from a DataLoader" in said
+    assert reason in said
+    told = said.split("the sidecar's termination message: ", 1)[-1]
+    gets_none = told.split("a training process gets no JIT checkpoint: ", 1)
+    assert len(gets_none) == 2 and reason in gets_none[1], said[-3000:]

@@ -27,7 +27,7 @@ from tests.support.iamstore import IamStore
 from tests.webhook.golden import load_yaml
 from tests.webhook.server_support import FIXTURES
 from webhook.config import WebhookConfig
-from webhook.mutate import NamespaceInfo, mutate
+from webhook.mutate import MutationResult, NamespaceInfo, mutate
 from webhook.status import VOL_LOCAL, VOL_RUN
 
 SECRET = "ckpt-s3"
@@ -35,6 +35,17 @@ TRAINER_READY = "trainer: SIGTERM handler in place"
 
 
 def injected_pod(bucket: str) -> dict[str, Any]:
+    result = injected_by(
+        {"jitckpt.io/destination": f"s3://{bucket}/runs", "jitckpt.io/s3-secret": SECRET}
+    )
+    assert result.injected, result.message
+    result.pod["spec"]["terminationGracePeriodSeconds"] = 20
+    return result.pod
+
+
+def injected_by(annotations: dict[str, str]) -> MutationResult:
+    """The fixture's PyTorchJob pod with a trainer that waits for SIGTERM, injected for a
+    namespace with ``annotations``."""
     pod = load_yaml(FIXTURES / "pytorchjob-master.yaml")
     (trainer,) = pod["spec"]["containers"]
     # PID 1 of its container: the kernel drops SIGTERM for it until it has a
@@ -43,16 +54,11 @@ def injected_pod(bucket: str) -> dict[str, Any]:
     ready = f"print({TRAINER_READY!r}, flush=True)"
     trainer["command"] = ["python", "-c", f"{stop}; {ready}; time.sleep(600)"]
     trainer.pop("args", None)
-    namespace = NamespaceInfo(
-        "team-a",
-        {"jitckpt.io/injection": "enabled"},
-        {"jitckpt.io/destination": f"s3://{bucket}/runs", "jitckpt.io/s3-secret": SECRET},
-    )
-    result = mutate(pod, namespace, WebhookConfig())
-    assert result.injected, result.message
-    out = result.pod
-    out["spec"]["terminationGracePeriodSeconds"] = 20
-    return out
+    return mutate(pod, team_a(annotations), WebhookConfig())
+
+
+def team_a(annotations: dict[str, str]) -> NamespaceInfo:
+    return NamespaceInfo("team-a", {"jitckpt.io/injection": "enabled"}, annotations)
 
 
 def status(pod: Pod) -> dict[str, Any]:
@@ -129,3 +135,39 @@ def test_uploads_go_on_after_the_kubelet_rotates_the_secret(tmp_path: Path) -> N
             "jitckpt-agent"
         )
         assert "last committed checkpoint: step 20" in result.message("jitckpt-agent")
+
+
+@pytest.mark.slow
+def test_a_namespace_without_credentials_starts_its_pods_and_says_why(tmp_path: Path) -> None:
+    """The deploy/README example as it was: a destination and no s3-secret. Before, the
+    sidecar exited, its startupProbe never passed and the trainer never started. Now the
+    webhook marks the pod and warns at admission, the trainer starts, and the sidecar's
+    /status and termination message say it runs unprotected."""
+    from webhook.drift import audit_pod
+
+    annotations = {"jitckpt.io/destination": "s3://ml-checkpoints/runs"}
+    result = injected_by(annotations)
+    assert result.injected, result.message
+    mark = result.pod["metadata"]["annotations"]["jitckpt.io/reason"]
+    assert mark.startswith("no-credentials: ") and mark in result.warnings
+    row = audit_pod(result.pod, team_a(annotations), WebhookConfig())
+    assert row.reason == mark and row.drift == [], row
+    spec = result.pod
+    spec["spec"]["terminationGracePeriodSeconds"] = 20
+    node = Node(root=tmp_path / "node", objects=ObjectStore())
+    started = Pod(node, spec).start()
+    try:
+        wait(lambda: trainer_ready(started), 120, "the trainer to start")
+        document = status(started)
+        assert document["phase"] == "unprotected"
+        assert "no credentials for the store" in document["unprotected"]
+        # the trainer runs as without jitckpt: no shim was left for it to load
+        shim = started.volume_path("jitckpt-shim")
+        assert shim is not None and not list(shim.rglob("*.py"))
+    finally:
+        started.terminate()
+        finished = started.wait(60)
+    assert finished.containers["pytorch"].exit_code == 143
+    assert finished.init_containers["jitckpt-agent"].exit_code == 0
+    message = finished.message("jitckpt-agent")
+    assert "UNPROTECTED" in message and "no credentials for the store" in message

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from local.s3server import LocalS3
-from tests.shim.support import Proc, ShimEnv, Spawn
+from tests.shim.support import ShimEnv, Spawn, Spawner
 from tests.sidecar.agentproc import AgentProcess
 
 
@@ -21,19 +21,9 @@ def shim_env(tmp_path: Path) -> ShimEnv:
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Spawn]:
     """Start processes that are killed at the end of the test if still running."""
-    started: list[Proc] = []
-    counter = iter(range(1000))
-
-    def start(args: list[str], env: dict[str, str]) -> Proc:
-        proc = Proc(args, env, tmp_path / f"proc-{next(counter)}.log")
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-            proc.popen.wait()
+    spawner = Spawner(tmp_path)
+    yield spawner
+    spawner.close()
 
 
 @pytest.fixture(scope="session")

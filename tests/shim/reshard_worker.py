@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from shim.frameworks.plain import shardedstate
+from shim.frameworks.plain.layout import shardedstate
 
 
 def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

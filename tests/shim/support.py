@@ -129,8 +129,39 @@ class Proc:
 Spawn = Callable[[list[str], dict[str, str]], Proc]
 
 
+class Spawner:
+    """Starts processes logging into ``logs``, and kills those still running at ``close``."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.started: list[Proc] = []
+
+    def __call__(self, args: list[str], env: dict[str, str]) -> Proc:
+        proc = Proc(args, env, self.logs / f"proc-{len(self.started)}.log")
+        self.started.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.started:
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+                proc.popen.wait()
+
+
 def jit_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if "[jitckpt]" in line]
+
+
+def assert_stood_down(output: str, reason: str, first_step: str, checkpoints: Path) -> None:
+    """The shim refused the run once, giving ``reason``, before ``first_step`` was printed,
+    and wrote no JIT checkpoint: a run no resume could get right."""
+    lines = jit_lines(output)
+    refused = [line for line in lines if "cannot be resumed exactly" in line]
+    assert len(refused) == 1, lines
+    assert reason in refused[0]
+    assert output.index(refused[0]) < output.index(first_step)
+    assert not any("JIT checkpoint" in line or "stopping at step" in line for line in lines)
+    assert checkpoint_steps(checkpoints) == []
 
 
 def checkpoint_steps(directory: Path) -> list[int]:

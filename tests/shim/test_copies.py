@@ -166,6 +166,7 @@ def test_when_the_nodes_cannot_compare_no_file_is_a_replica_and_node_0s_are_kept
 
 def test_a_ranks_own_files_are_hfs_random_states_and_the_shims_records() -> None:
     own = ["rng_state_0.pth", "rng_state_17.pth", "jitckpt_data_3.pth", "jitckpt_trainer_12.pth"]
+    own.append("jitckpt_books_2.pth")
     assert all(hfcopies.rank_file(name) for name in own)
     others = ["rng_state.pth", "model.safetensors", "trainer_state.json", "optimizer.pt"]
     assert not any(hfcopies.rank_file(name) for name in others)

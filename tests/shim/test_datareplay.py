@@ -18,7 +18,9 @@ import pytest
 
 from tests.shim.support import PYTHON, REPO
 
-REPLAY = """
+# A dataset of 40 items drawing from numpy, Python's random and torch as they are read, and
+# a worker_init_fn seeding numpy and random (the persistent workers' tests read it too).
+JITTER = """
 import json, random, sys
 import numpy as np
 import torch
@@ -41,7 +43,11 @@ class Jitter(Dataset):
 def seed_worker(worker_id):
     np.random.seed(torch.initial_seed() % 2**32)
     random.seed(torch.initial_seed())
+"""
 
+REPLAY = (
+    JITTER
+    + """
 
 def scaled(items):
     return torch.stack(items) * torch.rand(1, dtype=torch.float64)
@@ -65,6 +71,7 @@ print(json.dumps({
     "equal": [torch.equal(a, b) for a, b in zip(replayed, first[4:])],
 }))
 """
+)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.shim.support import PYTHON, TORCHRUN, Proc, ShimEnv, Spawn, checkpoint_steps, jit_lines
+from tests.shim.support import (
+    PYTHON,
+    TORCHRUN,
+    Proc,
+    ShimEnv,
+    Spawn,
+    assert_stood_down,
+    checkpoint_steps,
+    jit_lines,
+)
 
 SCRIPT = str(Path(__file__).parents[1] / "e2e" / "scripts" / "train_lightning.py")
 MAX_STEPS = 30  # 12 batches an epoch: epochs end at steps 12 and 24
@@ -119,13 +128,8 @@ def test_train_data_that_cannot_resume_exactly_gets_no_checkpoint_and_lightnings
     code, output = runs["shim"]
     assert code == runs["plain"][0], output[-3000:]
     assert ("fit() returned" in output) == ("fit() returned" in runs["plain"][1])
-    lines = jit_lines(output)
-    stand_down = [line for line in lines if "cannot be resumed exactly" in line]
-    assert len(stand_down) == 1, lines
-    assert "persistent DataLoader workers" in stand_down[0]
-    assert output.index(stand_down[0]) < output.index("rank 0 step 1\n")
-    assert not any("JIT checkpoint" in line or "stopping at step" in line for line in lines)
-    assert checkpoint_steps(shim_env.checkpoints) == []
+    reason = "persistent DataLoader workers"
+    assert_stood_down(output, reason, "rank 0 step 1\n", shim_env.checkpoints)
 
 
 def test_a_jit_save_that_fails_leaves_sigterm_its_default_action(

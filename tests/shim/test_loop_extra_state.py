@@ -20,8 +20,8 @@ from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, checkpoint_steps
 PRELUDE = """
 import copy, json, sys
 import torch
-from shim.frameworks.plain import extrastate
-from shim.frameworks.plain import state as loopstate
+from shim.frameworks.plain.layout import extrastate
+from shim.frameworks.plain.layout import state as loopstate
 loopstate.install(torch)
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 """

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shim.frameworks.plain import nodelocal
-from shim.frameworks.plain.state import node_marker
+from shim.frameworks.plain.layout import nodelocal
+from shim.frameworks.plain.layout.state import node_marker
 
 
 def test_a_node_marker_is_its_own_nodes_but_node_0s_is_everyones() -> None:

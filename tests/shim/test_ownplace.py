@@ -93,7 +93,7 @@ WRAPPED = """
 import json
 import torch
 from torch import nn
-from _jitckpt_shim.frameworks.plain import state
+from _jitckpt_shim.frameworks.plain.layout import state
 
 
 class Container(torch.optim.Optimizer):

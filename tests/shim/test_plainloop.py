@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from local.demo.weights import compare_saved
 from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, checkpoint_steps
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"
@@ -211,6 +212,9 @@ loaders = {
     "plain": DataLoader(data, batch_size=2, shuffle=True),
     "iterable": DataLoader(Stream(), batch_size=2),
     "persistent": DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True),
+    "persistent unordered": DataLoader(
+        data, batch_size=2, num_workers=2, persistent_workers=True, in_order=False
+    ),
     "own sampler": DataLoader(data, batch_size=2, sampler=EveryOther(8)),
 }
 tracks = {name: loader.__dict__[dataloaders.ATTR_TRACK] for name, loader in loaders.items()}
@@ -231,7 +235,8 @@ def test_loaders_whose_place_cannot_be_replayed_are_named(shim_env: ShimEnv) -> 
     problems = json.loads(done.stdout.splitlines()[-1])
     assert problems["plain"] is None
     assert "IterableDataset" in problems["iterable"]
-    assert "persistent DataLoader workers" in problems["persistent"]
+    assert problems["persistent"] is None  # their states are followed (``workerstates``)
+    assert "persistent DataLoader workers with in_order=False" in problems["persistent unordered"]
     assert "sampler EveryOther" in problems["own sampler"]
 
 
@@ -348,3 +353,33 @@ def test_accelerate_s_stateful_loader_over_a_stream_resumes_bitwise(
 
 def losses_of(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("loss ")]
+
+
+@pytest.mark.slow
+def test_a_loop_with_no_loader_called_per_epoch_resumes_its_whole_stack(
+    shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
+) -> None:
+    """word_language_model's shape: a module-level epoch loop dividing the global ``lr`` on a
+    plateau calls ``train()``, whose loop walks a tensor in slices with a hidden state carried
+    over. Stopped inside the second epoch, the resumed run goes on in that epoch of the outer
+    loop too, and ends where the uninterrupted run ends, bitwise."""
+    args = [PYTHON, str(SCRIPTS / "loop_epochs_own_batches.py"), "--epochs", "4"]
+    reference = spawn([*args, "--save", str(tmp_path / "reference.pt")], shim_env.without_shim())
+    cut = spawn([*args, "--save", str(tmp_path / "cut.pt")], {**shim_env.env, HOLD: "35"})
+    cut.wait_for("holding at step 35 ", timeout=180)  # 25 batches an epoch: epoch 2, batch 9
+    cut.signal(signal.SIGTERM)
+    assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert checkpoint_steps(shim_env.checkpoints) == [35]
+    said = [line for line in cut.output().splitlines() if "own variables are saved" in line]
+    assert len(said) == 1 and "frame(s) whose loops call it" in said[0], cut.output()[-3000:]
+    resumed = spawn([*args, "--save", str(tmp_path / "resumed.pt")], shim_env.env)
+    assert resumed.wait(timeout=180) == 0, resumed.output()[-3000:]
+    output = resumed.output()
+    assert "resumed at step 35: the head of its loop in" in output, output[-3000:]
+    assert reference.wait(timeout=180) == 0, reference.output()[-3000:]
+    assert compare_saved(tmp_path / "reference.pt", tmp_path / "resumed.pt") == []
+
+    def trained(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("| epoch")]
+
+    assert trained(output) == trained(reference.output())[35:]

@@ -48,10 +48,13 @@ def test_the_shims_real_messages_and_the_agents_answers_parse(
     run.wait_for("rank 0 step 4/", timeout=90)
     run.signal(signal.SIGTERM)
     assert run.wait() == 143, run.output()
-    # What the shim never sends, said here the shim's way: a status, a refused staged, and
-    # (nothing was pending to restore) the wait for a restore, answered at once.
+    # What the shim never sends, said here the shim's way: a status, a refused staged,
+    # (nothing was pending to restore) the wait for a restore, answered at once, and what
+    # a process the shim does not follow says (tests/shim/test_no_optimizer.py has one).
     client = Client(str(recorded))
     assert isinstance(client.call(protocol.Status()), protocol.StatusAnswer)
+    unfollowed = protocol.Unfollowed(reason="it trains with no optimizer")
+    assert isinstance(client.call(unfollowed), protocol.OkAnswer)
     waited = client.call(protocol.AwaitRestore(seconds=5))
     assert waited == protocol.HelloAnswer(restored=None), waited
     refused = protocol.Staged(step=1, kind="jit", dir=str(tmp_path), files=())

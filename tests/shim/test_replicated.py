@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shim.frameworks.plain import replicated
-from shim.frameworks.plain.replicated import owners
+from shim.frameworks.plain.layout import replicated
+from shim.frameworks.plain.layout.replicated import owners
 from tests.shim.support import TORCHRUN, ShimEnv, Spawn, checkpoint_steps
 
 SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "loop_ddp_mnist.py"

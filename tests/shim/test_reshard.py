@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from shim.dataloaders import distributed_sampler
-from shim.frameworks.plain import reshard
+from shim.frameworks.plain.layout import reshard
 
 
 def loader(size: int, world: int, rank: int, batch: int, **options: Any) -> DataLoader:

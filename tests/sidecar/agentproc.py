@@ -166,6 +166,22 @@ class AgentProcess:
             if (self.root / f"agent-{n}.log").exists()
         )
 
+    def runs_unprotected(self) -> str:
+        """The agent lets the trainer start without checkpoints (its startupProbe passes, no
+        shim left for the trainer) and says why in ``/status``, then leaves cleanly at
+        SIGTERM with the reason in its termination message; that reason."""
+        self.wait_ready()
+        status = self.status()
+        assert status["phase"] == "unprotected", status
+        assert not self.shim_target.exists() or not any(self.shim_target.iterdir())
+        assert "jitckpt_unprotected 1.0" in self.get("/metrics")[1]
+        assert self.terminate() == 0
+        message = self.termination()["message"]
+        assert message.startswith("UNPROTECTED: ") and self.termination()["unprotected"] is True
+        reason: str = status["unprotected"]
+        assert reason in message
+        return reason
+
     def termination(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.termination_log.read_text())
         return doc

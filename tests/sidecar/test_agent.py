@@ -268,16 +268,37 @@ def test_sigkill_mid_upload_then_restart_finishes(
 def test_verify_access_fails_fast(
     tmp_path: Path, local_s3: LocalS3, s3_env: dict[str, str]
 ) -> None:
+    """A bucket that does not exist: held (exit 3) when the platform chose fail-closed;
+    by default the trainer runs unprotected, and the shim copied before the probe is
+    taken back (the trainer then runs as without jitckpt)."""
     missing = f"nope-{uuid.uuid4().hex[:8]}"
-    agent = AgentProcess(root=tmp_path, destination=f"s3://{missing}/ns/job", s3_env=s3_env)
-    agent.start()
+    closed = AgentProcess(
+        root=tmp_path / "closed",
+        destination=f"s3://{missing}/ns/job",
+        s3_env=s3_env,
+        extra_env={"JITCKPT_STORE_UNREACHABLE": "fail-closed"},
+    )
+    closed.root.mkdir()
+    closed.start()
     try:
-        assert agent.wait(30) == 3
+        assert closed.wait(30) == 3
     finally:
-        agent.kill()
-    message = agent.termination()["message"]
+        closed.kill()
+    message = closed.termination()["message"]
     assert f"cannot list in s3://{missing}/ns/job" in message
     assert "NoSuchBucket" in message
+
+    agent = AgentProcess(
+        root=tmp_path / "open", destination=f"s3://{missing}/ns/job", s3_env=s3_env
+    )
+    agent.root.mkdir()
+    agent.start()
+    try:
+        reason = agent.runs_unprotected()
+    finally:
+        agent.kill()
+    assert f"cannot list in s3://{missing}/ns/job" in reason and "NoSuchBucket" in reason
+    assert "shim copied to" in agent.log()
 
 
 def test_the_restore_downloads_while_the_access_probe_runs(
@@ -308,8 +329,8 @@ def test_the_restore_downloads_while_the_access_probe_runs(
 def test_a_failed_access_probe_records_no_restore(
     tmp_path: Path, local_s3: LocalS3, bucket: str, s3_env: dict[str, str]
 ) -> None:
-    """The probe's write refused: the agent fails as before, whatever the download that ran
-    beside the probe found; no restore is recorded for a later run of the container."""
+    """The probe's write refused: the trainer runs unprotected, whatever the download that
+    ran beside the probe found; no restore is recorded for a later run of the container."""
     from tests.support.faultproxy import FaultProxy
 
     destination = f"s3://{bucket}/ns/job"
@@ -321,11 +342,12 @@ def test_a_failed_access_probe_records_no_restore(
         agent.root.mkdir()
         try:
             agent.start()
-            assert agent.wait(30) == 3
+            reason = agent.runs_unprotected()
         finally:
             agent.kill()
-    assert f"cannot write in {destination}" in agent.termination()["message"]
+    assert f"cannot write in {destination}" in reason
     assert not list(agent.root.rglob("restored.json"))
+    assert not (agent.local_dir / "checkpoints" / "checkpoint-3").exists()
 
 
 def test_grace_too_short_is_reported(agent: AgentProcess) -> None:

@@ -193,14 +193,35 @@ def _irsa_refreshes(local_s3: LocalS3, bucket: str, proxy: FaultProxy, tmp_path:
 
 
 def test_no_secret_and_no_pod_identity_is_refused_never_the_nodes_role(tmp_path: Path) -> None:
+    """The trainer runs unprotected, and the reason is said; before, the sidecar exited 3
+    and the native sidecar's startupProbe kept the trainer from ever starting."""
     agent = AgentProcess(root=tmp_path, destination="s3://bucket-x/ns-a/job-1", s3_env={})
+    try:
+        agent.start()
+        reason = agent.runs_unprotected()
+    finally:
+        agent.kill()
+    assert "no credentials for the store" in reason
+    log = agent.log()
+    assert "no credentials for the store" in log and "node's instance role is never used" in log
+
+
+def test_no_credentials_hold_the_trainer_when_the_platform_chose_fail_closed(
+    tmp_path: Path,
+) -> None:
+    agent = AgentProcess(
+        root=tmp_path,
+        destination="s3://bucket-x/ns-a/job-1",
+        s3_env={},
+        extra_env={"JITCKPT_STORE_UNREACHABLE": "fail-closed"},
+    )
     try:
         agent.start()
         assert agent.wait() == 3
     finally:
         agent.kill()
-    log = agent.log()
-    assert "no credentials for the store" in log and "node's instance role is never used" in log
+    message = agent.termination()["message"]
+    assert "no credentials for the store" in message and "fail-closed" in message
 
 
 class PodIdentityAgent:

@@ -53,15 +53,15 @@ async def _commit_both(
     tmp_path: Path,
     nodes: list[dict[str, bytes]],
     *,
-    late: float = 0.0,
+    node_1_after: asyncio.Event | None = None,
     replicas: frozenset[str] = REPLICAS,
 ) -> list[mf.Manifest]:
     """Both nodes commit what they wrote; node 1 hands over the replicas and the names
     node 0 does not have (what the shim's ``copies.plan`` says)."""
 
     async def one(node: int) -> mf.Manifest:
-        if node == 1:
-            await asyncio.sleep(late)
+        if node == 1 and node_1_after is not None:
+            await node_1_after.wait()
         source = _write(tmp_path / f"node-{node}-src", nodes[node])
         handed = None if node == 0 else replicas | (set(nodes[1]) - set(nodes[0]))
         result = await commit(
@@ -138,13 +138,26 @@ def test_a_node_that_commits_after_node_0_s_wait_costs_node_0_its_piece_only(
     config: AgentConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Node 1 is slow: node 0 waits its while, then uploads node 1's piece itself; the
-    checkpoint is committed once node 1's manifest comes, and restores node 0's bytes."""
+    checkpoint is committed once node 1's manifest comes, and restores node 0's bytes.
+    Node 1 starts only once node 0's wait for it is over (not after a fixed sleep, which a
+    loaded machine's slow upload of node 0's own share outlasts)."""
     monkeypatch.setattr(pieces, "MIN_WAIT", 0.3)
     nodes = _nodes(tmp_path)
+    waited = asyncio.Event()
+    sent_by = pieces.SpreadUpload._sent_by
+
+    async def sent_by_then_mark(
+        self: pieces.SpreadUpload, node: int, deadline: float
+    ) -> tuple[int, list[mf.Sent]]:
+        found = await sent_by(self, node, deadline)
+        waited.set()
+        return found
+
+    monkeypatch.setattr(pieces.SpreadUpload, "_sent_by", sent_by_then_mark)
 
     async def main() -> None:
         async with open_store(config) as store:
-            first, _ = await _commit_both(store, tmp_path, nodes, late=1.5)
+            first, _ = await _commit_both(store, tmp_path, nodes, node_1_after=waited)
             for node in (0, 1):
                 assert await _restored(store, tmp_path, node) == {**nodes[0], **nodes[1]}
         model = {e.path: e for e in first.files}["model.safetensors"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import subprocess
@@ -18,8 +19,12 @@ from typing import Any
 import httpx
 import jsonpatch
 import yaml
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from local.ports import free_port
+from webhook.mutate import NamespaceInfo
+from webhook.namespaces import NamespaceCache
 
 FIXTURES = Path(__file__).parent / "testdata" / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
@@ -99,6 +104,25 @@ def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     ops = json.loads(base64.b64decode(response["patch"]))
     result: dict[str, Any] = jsonpatch.apply_patch(pod, ops)
     return result
+
+
+def marked_reason(pod: dict[str, Any], response: dict[str, Any]) -> str:
+    """The skip reason the answer marks the pod with (``jitckpt.io/reason``), checking
+    that the mark is all its patch changes."""
+    after = patched(copy.deepcopy(pod), response)
+    annotations = dict(after["metadata"].get("annotations") or {})
+    mark = annotations.pop("jitckpt.io/reason")
+    before = copy.deepcopy(pod)
+    if annotations:
+        after["metadata"]["annotations"] = annotations
+    else:
+        after["metadata"].pop("annotations")
+    before["metadata"].setdefault("annotations", {}).pop("jitckpt.io/reason", None)
+    if not before["metadata"]["annotations"]:
+        before["metadata"].pop("annotations")
+    assert after == before, "the answer changes more than the reason annotation"
+    reason: str = mark.split(": ", 1)[0]
+    return reason
 
 
 def jitckpt(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -181,3 +205,33 @@ def serve(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# The in-process app's helpers (fastapi's TestClient against create_app).
+TEAM_A = NamespaceInfo(
+    name="team-a",
+    labels=fixture("namespace-team-a.yaml")["metadata"]["labels"],
+    annotations=fixture("namespace-team-a.yaml")["metadata"]["annotations"],
+)
+
+
+def cache_with(*infos: NamespaceInfo) -> NamespaceCache:
+    cache = NamespaceCache()
+    cache.replace_all(infos)
+    return cache
+
+
+def post(client: TestClient, pod: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    review = admission_review(pod, **kw)
+    answer = client.post("/mutate", json=review)
+    assert answer.status_code == 200, answer.text
+    return check_answer(answer.json(), review["request"]["uid"])
+
+
+def metric(client: TestClient, name: str, **labels: str) -> float:
+    text = client.get("/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0

@@ -109,18 +109,19 @@ def test_cli_table_and_json(tmp_path: Path) -> None:
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == [
-        "NAMESPACE", "POD", "INJECTED", "VERSION", "MODE", "DESTINATION", "SECRET", "GRACE", "DRIFT"
+        "NAMESPACE", "POD", "INJECTED", "VERSION", "MODE", "DESTINATION", "SECRET", "GRACE",
+        "DRIFT", "REASON",
     ]  # fmt: skip
     rows = {line.split()[1]: line.split() for line in lines[1:]}
     assert rows["bert-ft-worker-1"][2:] == [
         "yes", "0.1.0", "native", "s3://ml-checkpoints/team-a/team-a/bert-ft", "team-a-s3",
-        "600", "no",
+        "600", "no", "-",
     ]  # fmt: skip
-    assert rows["bert-ft-master-0"][-1] == "edited,sidecar"
+    assert rows["bert-ft-master-0"][-2] == "edited,sidecar"
     assert rows["gpt-small-master-0"][4] == "legacy"
-    assert rows["gpt-small-master-0"][-1] == "no"
-    assert rows["notebook-0"][2:] == ["no", "-", "-", "-", "-", "-", "-"]
-    assert rows["llama-sft-node-0-1-*"][2] == "no" and rows["llama-sft-node-0-1-*"][-1] == "missing"
+    assert rows["gpt-small-master-0"][-2] == "no"
+    assert rows["notebook-0"][2:] == ["no", "-", "-", "-", "-", "-", "-", "-"]
+    assert rows["llama-sft-node-0-1-*"][2] == "no" and rows["llama-sft-node-0-1-*"][-2] == "missing"
 
     as_json = jitckpt("audit", "-f", str(path), "--json")
     assert as_json.returncode == 0
@@ -219,3 +220,40 @@ def test_audit_shows_the_secret_the_containers_reference() -> None:
     _forge(pod, **{"s3-secret": "harmless"})
     row = audit_pod(pod, case.namespace, WebhookConfig())
     assert row.secret == "team-a-s3", row
+
+
+def test_audit_says_why_a_pod_is_not_protected() -> None:
+    """A marked skip, an unmarked pod the current configuration would skip, and a
+    sidecar that ended unprotected; before, the audit said only "no"."""
+    skipped = CASES["skip-host-network"]
+    marked = as_live(mutate(skipped.pod, skipped.namespace, skipped.config).pod)
+    row = audit_pod(marked, skipped.namespace, skipped.config)
+    assert not row.injected and row.reason.startswith("host-network: ")
+
+    row = audit_pod(as_live(skipped.pod), skipped.namespace, skipped.config)
+    assert row.reason.startswith("host-network: ")  # admitted before pods were marked
+
+    pod = as_live(injected("all-settings"))
+    case = CASES["all-settings"]
+    assert audit_pod(pod, case.namespace, case.config).reason == ""
+    said = "UNPROTECTED: no credentials for the store: no s3-secret"
+    pod["status"]["initContainerStatuses"] = [
+        {
+            "name": "jitckpt-agent",
+            "state": {"running": {}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": 0,
+                    "message": json.dumps({"message": said, "unprotected": True}),
+                }
+            },
+        }
+    ]
+    row = audit_pod(pod, case.namespace, case.config)
+    assert row.reason == said and row.drift == []
+
+    run = jitckpt("audit", "-f", "-", stdin=doc_stream(marked))
+    # drift judged against the built-in defaults: said, with how to pass the cluster's
+    assert "no --config" in run.stderr and "jitckpt-webhook-config" in run.stderr
+    header, line = run.stdout.splitlines()
+    assert header.split()[-1] == "REASON" and line.split()[-1] == "host-network"

@@ -102,10 +102,16 @@ def test_namespace_and_pod_piped_through_stdin() -> None:
 
 
 def test_without_namespace_settings_the_pod_is_unchanged_and_the_reason_given() -> None:
+    """Unchanged but for the reason annotation, as the webhook marks it."""
     pod_text = (FIXTURES / "pytorchjob-master.yaml").read_text()
     run = jitckpt("inject", "-f", "-", stdin=pod_text)
     assert run.returncode == 0
-    assert documents(run.stdout) == documents(pod_text)
+    (out,) = documents(run.stdout)
+    reason = out["metadata"]["annotations"].pop("jitckpt.io/reason")
+    assert reason.startswith("no-destination: no jitckpt.io/destination")
+    if not out["metadata"]["annotations"]:
+        del out["metadata"]["annotations"]
+    assert [out] == documents(pod_text)
     assert "not injected (no-destination)" in run.stderr
 
 

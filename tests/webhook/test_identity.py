@@ -20,6 +20,7 @@ from tests.webhook.server_support import FIXTURES
 from webhook.config import WebhookConfig
 from webhook.drift import audit_pod
 from webhook.mutate import NamespaceInfo, mutate
+from webhook.settings import REASON_KEY
 from webhook.status import AGENT, RESTORE
 
 IDENTITY_ENV = {
@@ -97,10 +98,16 @@ def test_identity_webhook_after_ends_the_same_and_reinvocation_changes_nothing(
     ns = namespace(PODS[fixture], secret=False)
     first = inject(load_yaml(FIXTURES / f"{fixture}.yaml"), ns, "native")
     assert all(IDENTITY_ENV[kind][0] not in env_of(c) for c in sidecars(first))
+    # Injected with no identity in sight: marked no-credentials, and said.
+    assert first["metadata"]["annotations"][REASON_KEY].startswith("no-credentials: ")
     after = eks_identity.apply(first, kind)
     assert_same_identity(after, kind)
+    # The reinvocation after the identity webhook takes the mark off, and changes nothing else.
     again = mutate(after, ns, WebhookConfig())
-    assert not again.injected and again.patch == []
+    assert not again.injected
+    assert again.patch == [{"op": "remove", "path": "/metadata/annotations/jitckpt.io~1reason"}]
+    assert REASON_KEY not in again.pod["metadata"]["annotations"]
+    assert mutate(again.pod, ns, WebhookConfig()).patch == []
     # Both orders give the sidecar the same identity.
     before = inject(eks_identity.apply(load_yaml(FIXTURES / f"{fixture}.yaml"), kind), ns, "native")
     for ours, theirs in zip(sidecars(before), sidecars(after), strict=True):

@@ -54,7 +54,15 @@ def test_a_worker_of_unknown_nodes_is_skipped(env: list[dict[str, Any]], words: 
     case = CASES["pytorchjob-worker"]
     result = mutate(_with_env(case.name, env), case.namespace, case.config)
     assert result.skip_reason == SKIP_UNKNOWN_NODES
-    assert words in result.message and result.patch == []
+    assert words in result.message
+    # unchanged but for the reason it carries
+    assert result.patch == [
+        {
+            "op": "add",
+            "path": "/metadata/annotations/jitckpt.io~1reason",
+            "value": f"{SKIP_UNKNOWN_NODES}: {result.message}",
+        }
+    ]
 
 
 def test_a_trainjob_node_without_pet_nnodes_is_skipped() -> None:

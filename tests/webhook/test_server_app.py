@@ -9,46 +9,24 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.webhook.server_support import admission_review, check_answer, fixture, patched
+from tests.webhook.server_support import (
+    TEAM_A,
+    cache_with,
+    fixture,
+    marked_reason,
+    metric,
+    patched,
+    post,
+)
 from webhook.config import WebhookConfig
 from webhook.jsonlog import configure_logging
 from webhook.mutate import NamespaceInfo, mutate
 from webhook.namespaces import NamespaceCache
 from webhook.server import create_app
-
-TEAM_A = NamespaceInfo(
-    name="team-a",
-    labels=fixture("namespace-team-a.yaml")["metadata"]["labels"],
-    annotations=fixture("namespace-team-a.yaml")["metadata"]["annotations"],
-)
-
-
-def cache_with(*infos: NamespaceInfo) -> NamespaceCache:
-    cache = NamespaceCache()
-    cache.replace_all(infos)
-    return cache
-
-
-def post(client: TestClient, pod: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    review = admission_review(pod, **kw)
-    answer = client.post("/mutate", json=review)
-    assert answer.status_code == 200, answer.text
-    return check_answer(answer.json(), review["request"]["uid"])
-
-
-def metric(client: TestClient, name: str, **labels: str) -> float:
-    text = client.get("/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
 
 
 @pytest.fixture
@@ -81,12 +59,13 @@ def test_skip_reasons_are_counted_and_explained(client: TestClient) -> None:
     opted_out["metadata"]["namespace"] = "team-a"
     opted_out["metadata"].setdefault("annotations", {})["jitckpt.io/inject"] = "false"
     response = post(client, opted_out)
-    assert "patch" not in response and "opted out" in response["warnings"][0]
+    assert "opted out" in response["warnings"][0]
+    assert marked_reason(opted_out, response) == "opted-out"
 
     bad = fixture("pytorchjob-master.yaml")
     bad["metadata"]["annotations"]["jitckpt.io/grace-period-seconds"] = "soon"
     response = post(client, bad)
-    assert response["allowed"] is True and "patch" not in response
+    assert response["allowed"] is True and marked_reason(bad, response) == "invalid-setting"
     assert len(response["warnings"]) == 2
     assert "pod admitted without checkpointing" in response["warnings"][0]
     assert response["warnings"][1].startswith('jitckpt.io/grace-period-seconds="soon"')
@@ -113,8 +92,9 @@ def test_invalid_setting_is_denied_when_the_config_says_deny() -> None:
 def test_namespace_label_removed_from_cache_means_not_injected() -> None:
     removed = NamespaceInfo(name="team-a", labels={}, annotations=dict(TEAM_A.annotations))
     with TestClient(create_app(WebhookConfig(), cache_with(removed))) as client:
-        response = post(client, fixture("pytorchjob-master.yaml"))
-        assert "patch" not in response
+        pod = fixture("pytorchjob-master.yaml")
+        response = post(client, pod)
+        assert marked_reason(pod, response) == "not-opted-in"
         assert metric(client, "jitckpt_webhook_skipped_total", reason="not-opted-in") == 1
 
 
@@ -123,9 +103,11 @@ def test_unknown_namespace_waits_for_the_watch_then_admits_unchanged() -> None:
     app = create_app(WebhookConfig(), cache, namespace_wait_seconds=0.3)
     with TestClient(app) as client:
         started = time.monotonic()
-        response = post(client, fixture("pytorchjob-master.yaml"))
+        pod = fixture("pytorchjob-master.yaml")
+        response = post(client, pod)
         assert time.monotonic() - started >= 0.3
-        assert "patch" not in response and "not known" in response["warnings"][0]
+        assert "not known" in response["warnings"][0]
+        assert marked_reason(pod, response) == "namespace-unknown"
         assert metric(client, "jitckpt_webhook_skipped_total", reason="namespace-unknown") == 1
 
     # A namespace the watch delivers while a request waits is used at once.

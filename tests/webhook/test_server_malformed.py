@@ -357,10 +357,11 @@ def test_generated_reviews_get_well_formed_answers(
     answer = client.post("/mutate", content=body)
     assert answer.status_code in (200, 400), answer.text
     response = check_answer(answer.json(), answer.json()["response"]["uid"] or None)
-    event("injected" if "patch" in response else f"HTTP {answer.status_code}, not injected")
+    injected = "auditAnnotations" in response  # a skip's patch only marks the reason
+    event("injected" if injected else f"HTTP {answer.status_code}, not injected")
     if answer.status_code == 200:
         assert response["uid"] == uid
-    if "patch" in response:
+    if injected:
         result = patched(request["object"], response)  # type: ignore[index]
         assert any(
             c["name"] == "jitckpt-agent"

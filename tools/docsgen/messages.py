@@ -27,6 +27,9 @@ from tools.docsgen.source import parse, python_files, relative
 SHIM_SAY = "say"
 SHIM_ONCE = "say_once"
 SHIM_FAILED = "failed"
+SHIM_ATTACHED = (
+    "attached"  # say_once(key, "attached to <what>; checkpoints are written to <where>")
+)
 SIDECAR_LEVELS = ("warning", "error", "exception", "critical")
 # shim/log.py defines say, say_once and failed: its own calls are their definitions.
 SHIM_LOG = "shim/log.py"
@@ -103,7 +106,7 @@ def _shim_calls(path: Path) -> Iterator[tuple[str, str, str, int]]:
     """``(kind, key, template, line)`` of each keyed message of one shim module."""
     for _, call in _functions(parse(path)):
         name = _called(call)
-        if name not in (SHIM_ONCE, SHIM_FAILED) or not call.args:
+        if name not in (SHIM_ONCE, SHIM_FAILED, SHIM_ATTACHED) or not call.args:
             continue
         key = literal_prefix(call.args[0])
         if key is None:
@@ -112,7 +115,9 @@ def _shim_calls(path: Path) -> Iterator[tuple[str, str, str, int]]:
             if name == SHIM_FAILED or relative(path) == SHIM_LOG:
                 continue
             raise ValueError(f"{relative(path)}:{call.lineno}: a {name} key with no literal part")
-        text = template(call.args[1]) if name == SHIM_ONCE and len(call.args) > 1 else ""
+        text = template(call.args[1]) if name != SHIM_FAILED and len(call.args) > 1 else ""
+        if name == SHIM_ATTACHED:
+            name, text = SHIM_ONCE, f"attached to {text}; checkpoints are written to %s"
         yield name, key, text, call.lineno
 
 

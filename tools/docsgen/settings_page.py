@@ -46,6 +46,7 @@ def labels() -> list[Entry]:
         Entry(settings.INJECTION_LABEL, "absent", f"`{settings.INJECTION_ENABLED}` opts in"),
         Entry(settings.INJECT_KEY, "absent", "true or false"),
         Entry(settings.STATUS_KEY, "written by the webhook", "not for users to set"),
+        Entry(settings.REASON_KEY, "written by the webhook", "not for users to set"),
     ]
 
 

@@ -31,13 +31,19 @@ from ...copies import Copies, each_node_for_one_save
 from ...log import failed
 from . import data as hfdata
 from . import hidden as hfhidden
+from . import loopbooks as hfbooks
 
 FLAG = "save_on_each_node"
 # A rank's own files in a checkpoint, written whatever the node: HF's random states and
 # the shim's records beside them.
 _RANK_FILES: List[Pattern[str]] = [
     re.compile(re.escape(pattern).replace("%d", r"\d+"))
-    for pattern in ("rng_state_%d.pth", hfdata.RECORD_NAME, hfhidden.RECORD_NAME)
+    for pattern in (
+        "rng_state_%d.pth",
+        hfdata.RECORD_NAME,
+        hfhidden.RECORD_NAME,
+        hfbooks.RECORD_NAME,
+    )
 ]
 # transformers 5's model method that keeps a model's files to global rank 0.
 _RANK_CHECK = "should_save_on_this_rank"

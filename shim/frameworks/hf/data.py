@@ -15,9 +15,15 @@ replay that pass to its place (``dataloaders.Tracker.arm``), and HF's late
 ``_load_rng_state`` of that epoch is skipped: the replay put the states back
 where they belong.
 
-A loader the tracker cannot replay (persistent workers, an
-``IterableDataset``, ...) keeps HF's own resume, and is said once when
-training begins, before any checkpoint is written.
+A loader the tracker cannot replay (an ``IterableDataset``, a sampler of
+its own, ...) keeps HF's own resume, and is said once when training begins,
+before any checkpoint is written. Persistent workers are followed
+(``workerstates``: their states are recorded and put back with the rest);
+those that cannot be (``workerstates.refused_everywhere``: HF's skipping
+would resume them wrong too) are refused as the other frameworks refuse
+them, in the same words: the run gets no JIT or periodic checkpoint from the
+shim, its checkpoints stay where the program put them, and SIGTERM acts as
+without jitckpt (``refused``).
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, Optional
 
-from ... import dataloaders, rngstate
+from ... import dataloaders, rngstate, workerstates
 from ...log import failed, say, say_once
+from ...signals import FLAG
 from . import records
 
 RECORD_NAME = "jitckpt_data_%d.pth"
@@ -41,6 +48,7 @@ class TrainData:
         self._exact = False  # the loader's passes can be replayed exactly
         self.pending: Optional[Dict[str, Any]] = None  # the checkpoint's record, until used
         self.replayed = False  # this train() call's resumed epoch is the shim's replay
+        self.refused: Optional[str] = None  # why the shim stands down for this run (None: not)
 
     def train_loader(self, loader: Any) -> None:
         """HF built the train loader (``get_train_dataloader``): follow it."""
@@ -50,13 +58,29 @@ class TrainData:
             self._loader = None
         problem = dataloaders.TRACKER.problem_of(loader)
         self._exact = problem is None
-        if problem is not None:
+        if problem is not None and workerstates.refused_everywhere(problem):
+            self._stand_down(problem)
+        elif problem is not None:
             say_once(
                 "hf-data",
                 "the Trainer's train data cannot be replayed exactly (%s): a resume mid-epoch "
                 "uses HF's own batch skipping, whose random numbers (collator, augmentation, "
                 "worker seeds) can differ from an uninterrupted run's" % problem,
             )
+
+    def _stand_down(self, reason: str) -> None:
+        """No checkpoint of this run can be resumed right: the shim stands down before the
+        first step, as Lightning's integration and the plain loop's do for the same loader."""
+        self.refused = reason
+        say_once(
+            "hf-inexact",
+            "this Trainer run cannot be resumed exactly (%s): it gets no JIT or periodic "
+            "checkpoints from the shim, and SIGTERM acts as without jitckpt" % reason,
+        )
+        FLAG.armed = False
+        if FLAG.raised:  # a SIGTERM that came while the loader was being built
+            FLAG.raised = False
+            FLAG.deliver_as_before()
 
     def write(self, directory: str) -> None:
         """HF saves its random states into ``directory``: save the loader's place beside them."""

@@ -29,13 +29,12 @@ back from the store.
 from __future__ import annotations
 
 import collections
-import os
 import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from ... import dist
-from ...log import failed, say, say_once
+from ...log import say, say_once
 from . import records
 
 RECORD_NAME = "jitckpt_trainer_%d.pth"
@@ -269,27 +268,15 @@ def install(module: Any, hidden_of: Callable[[Any], Optional[HiddenState]]) -> N
 
     ``hidden_of(trainer)``: the trainer's ``HiddenState`` (None: not followed).
     """
-    import functools
 
-    trainer_cls = module.Trainer
-    save_rng = getattr(trainer_cls, "_save_rng_state", None)
-    if save_rng is None:
+    def write(trainer: Any, directory: str) -> None:
+        hidden = hidden_of(trainer)
+        if hidden is not None:
+            hidden.write(trainer, directory)
+
+    if not records.on_rng_save(module, write, "the trainer's own state"):
         say_once(
             "hf-hidden-missing",
             "this transformers' Trainer has no _save_rng_state: state a Trainer subclass "
             "keeps across steps is not saved with its checkpoints",
         )
-        return
-
-    @functools.wraps(save_rng)
-    def _save_rng_state(self: Any, output_dir: Any, *args: Any, **kwargs: Any) -> Any:
-        result = save_rng(self, output_dir, *args, **kwargs)
-        hidden = hidden_of(self)
-        if hidden is not None:
-            try:
-                hidden.write(self, os.fspath(output_dir))
-            except Exception as exc:
-                failed("saving the trainer's own state", exc)
-        return result
-
-    trainer_cls._save_rng_state = _save_rng_state

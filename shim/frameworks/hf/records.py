@@ -9,10 +9,10 @@ foreign one is said and left alone: the resume goes on as HF's own would.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ... import dist
-from ...log import say
+from ...log import failed, say
 
 
 def path(directory: str, name: str) -> str:
@@ -38,3 +38,27 @@ def read(checkpoint: Any, name: str, version: int, otherwise: str) -> Optional[D
     if isinstance(payload, dict) and payload.get("version") == version:
         return payload
     return None
+
+
+def on_rng_save(module: Any, write: Callable[[Any, str], None], what: str) -> bool:
+    """Call ``write(trainer, directory)`` each time HF saves a rank's random states into a
+    checkpoint (``_save_rng_state``: every rank, every checkpoint); False when this
+    transformers has no such method. ``what`` names the record in a failure's line."""
+    import functools
+
+    trainer_cls = module.Trainer
+    save_rng = getattr(trainer_cls, "_save_rng_state", None)
+    if save_rng is None:
+        return False
+
+    @functools.wraps(save_rng)
+    def _save_rng_state(self: Any, output_dir: Any, *args: Any, **kwargs: Any) -> Any:
+        result = save_rng(self, output_dir, *args, **kwargs)
+        try:
+            write(self, os.fspath(output_dir))
+        except Exception as exc:
+            failed("saving %s" % what, exc)
+        return result
+
+    trainer_cls._save_rng_state = _save_rng_state
+    return True

@@ -1,6 +1,6 @@
 """The HF ``transformers.Trainer`` integration (every subclass: TRL's SFTTrainer, DPO, ...).
 
-Installed by a post-import hook on ``transformers.trainer``. It patches three
+Installed by a post-import hook on ``transformers.trainer``. It patches these
 methods of the base ``Trainer`` class, so subclasses get them through
 ``super()``:
 
@@ -16,7 +16,14 @@ methods of the base ``Trainer`` class, so subclasses get them through
   ``<job root>/final/`` if the process exits with status 0. Told apart by
   diffing the directory around the call (new or rewritten files only), so
   whatever ``save_model`` delegates to (``save_pretrained``, DeepSpeed's
-  ``save_checkpoint``) counts, and nothing else in ``output_dir`` does.
+  ``save_checkpoint``) counts, and nothing else in ``output_dir`` does;
+- ``_load_best_model`` (demo only): the final weights ``jitckpt demo --compare``
+  judges are the last step's, taken before HF loads the best checkpoint's.
+
+The records beside HF's random states in every checkpoint, each put back on
+resume, are the train loader's place (``data``), a subclass's own state
+(``hidden``) and the loop's books (``loopbooks``: the loss logged since the
+last log, the program's own callbacks).
 
 The save itself is HF's own ``_save_checkpoint``, asked for through
 ``control.should_save``; transformers' ``enable_jit_checkpoint`` is not used
@@ -45,13 +52,14 @@ from typing import Any, Callable, List, Optional, Tuple
 from ... import asyncsave, claim, dist, final, watcher, zerofiles
 from ...config import ShimConfig
 from ...layout import CHECKPOINT_PREFIX, step_of
-from ...log import failed, say_once
+from ...log import attached, failed, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import LocalFiles, TrainingRun
 from . import copies as hfcopies
 from . import data as hfdata
 from . import hidden as hfhidden
+from . import loopbooks as hfbooks
 from . import saves as hfsaves
 
 # What this integration cannot do without; anything else is optional.
@@ -95,13 +103,15 @@ class TrainerSession:
         self._saves_decided = False
         self.data = hfdata.TrainData()  # the train loader's place, replayed on resume
         self.hidden = hfhidden.HiddenState()  # a subclass's own state across steps
+        self.books = hfbooks.LoopBooks()  # the logged loss, the program's callbacks
+        self.captured = False  # the demo's final weights were taken before a best-model load
         self.run.while_held = lambda: self.stage_written(block=False)
 
     # -- where checkpoints go -------------------------------------------------
     def redirect(self, run_dir: str) -> str:
         """Map the user's checkpoint run dir into ``$JITCKPT_DIR/checkpoints``."""
-        if not self.original_output_dir:
-            return run_dir
+        if not self.original_output_dir or self.data.refused is not None:
+            return run_dir  # a refused run's checkpoints stay where the program puts them
         original = os.path.abspath(self.original_output_dir)
         current = os.path.abspath(run_dir)
         if current == original:
@@ -135,6 +145,8 @@ class TrainerSession:
         sidecar drains it before the pod ends); the final model is what the
         user's ``save_model()`` writes after ``train()``.
         """
+        if self.data.refused is not None:
+            return  # no resume from it could be exact: it is not uploaded
         kind = KIND_JIT if self.run.jit_step == step else KIND_PERIODIC
         if kind == KIND_PERIODIC and self.saves is not None and self.saves.pending(step):
             self.stage_written(block=False)  # being written: staged once every rank wrote it
@@ -149,6 +161,8 @@ class TrainerSession:
 
         Collective, like HF's save: every rank calls it at the same step.
         """
+        if self.data.refused is not None:
+            return save()  # HF's own save, as without the shim
         if not self._saves_decided:
             self._saves_decided = True
             self.saves = hfsaves.background_saves(self.trainer, self.callback_type)
@@ -211,6 +225,21 @@ class TrainerSession:
             return None
         return directory
 
+    def before_best_model(self) -> None:
+        """HF is about to load the best checkpoint's weights (``load_best_model_at_end``):
+        the demo's final weights are the last step's, taken now, not the best's."""
+        if self.run.jit_step is None:
+            self.run.capture_final_weights(getattr(self.trainer, "model", None))
+            self.captured = True
+
+    def ended(self, normally: bool) -> None:
+        """``train()`` returned (``normally``) or raised: the demo's capture of the run."""
+        model = None if self.captured else getattr(self.trainer, "model", None)
+        self.captured = False
+        self.trained = normally and self.run.ended_normally(model)
+        if self.trained:
+            self.run.capture_final_log(getattr(self.trainer.state, "log_history", []))
+
     def saved_final(self, directory: str, before: final.Snapshot) -> None:
         """``save_model`` wrote to ``directory``: record what it wrote as the final model."""
         files = final.written(before, final.snapshot(directory))
@@ -231,6 +260,8 @@ def _make_callback(base: type) -> type:
                 self._session.hidden.first_step_ended(self._session.trainer)
             except Exception as exc:
                 failed("watching the trainer's own state", exc)
+            if self._session.data.refused is not None:
+                return control  # the shim stood down for this run (``hfdata``)
             try:
                 stop = self._session.run.at_step_end(*self._session.position())
             except Exception as exc:
@@ -269,10 +300,13 @@ def _attach(trainer: Any, config: ShimConfig, callback_type: type) -> None:
     setattr(trainer, ATTRIBUTE, session)
     _apply_periodic(trainer.args, config)
     if hasattr(trainer, "_get_output_dir"):
-        say_once(
+        version = getattr(sys.modules.get("transformers"), "__version__", "?")
+        attached(
             "output-dir",
-            "checkpoints of output_dir=%s are written to %s (save_model() still writes to %s)"
-            % (session.original_output_dir, config.checkpoints_dir, session.original_output_dir),
+            "HF %s (transformers %s): its steps, SIGTERM saves at the next one"
+            % (type(trainer).__name__, version),
+            "%s (save_model() still writes to output_dir=%s)"
+            % (config.checkpoints_dir, session.original_output_dir),
         )
     else:
         say_once(
@@ -345,20 +379,20 @@ def install(module: ModuleType, config: ShimConfig) -> None:
             if session is None:
                 return original(self, *args, **kwargs)
             try:
+                requested = args[0] if args else kwargs.get("resume_from_checkpoint")
+                resume = session.resume_argument(requested)
                 if args:
-                    args = (session.resume_argument(args[0]), *args[1:])
-                    resume = args[0]
+                    args = (resume, *args[1:])
                 else:
-                    requested = kwargs.get("resume_from_checkpoint")
-                    resume = session.resume_argument(requested)
                     kwargs["resume_from_checkpoint"] = resume
                 session.data.read(resume)
                 session.hidden.read(resume)
+                session.books.read(resume, chosen=resume is not requested)
                 session.hidden.restore(self)
             except Exception as exc:
                 failed("resume", exc)
             session.hidden.training_begins()
-            session.trained = False
+            session.trained = session.captured = False
             _TRAINING.append(session)
             session.run.training_again()
             FLAG.armed = config.jit
@@ -373,7 +407,7 @@ def install(module: ModuleType, config: ShimConfig) -> None:
                 except Exception as exc:
                     failed("finishing the checkpoint written in the background", exc)
                 session.run.disarm()
-            session.trained = session.run.ended_normally(getattr(self, "model", None))
+            session.ended(normally)
             return result
 
         return train
@@ -394,6 +428,18 @@ def install(module: ModuleType, config: ShimConfig) -> None:
             return run_dir if session is None else session.redirect(run_dir)
 
         return _get_output_dir
+
+    def make_load_best(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _load_best_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            session: Optional[TrainerSession] = getattr(self, ATTRIBUTE, None)
+            if session is not None:
+                try:
+                    session.before_best_model()
+                except Exception as exc:
+                    failed("taking the last step's weights before the best model's", exc)
+            return original(self, *args, **kwargs)
+
+        return _load_best_model
 
     def make_save_model(original: Callable[..., Any]) -> Callable[..., Any]:
         def save_model(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -425,8 +471,11 @@ def install(module: ModuleType, config: ShimConfig) -> None:
         _wrap(trainer_cls, "_get_output_dir", make_output_dir)
     if hasattr(trainer_cls, "_save_checkpoint"):
         _wrap(trainer_cls, "_save_checkpoint", make_save_checkpoint)
+    if hasattr(trainer_cls, "_load_best_model"):
+        _wrap(trainer_cls, "_load_best_model", make_load_best)
     hfdata.install(module, _data_of, lambda: _TRAINING[-1].data if _TRAINING else None)
     hfhidden.install(module, _hidden_of)
+    hfbooks.install(module, _books_of, _training_with)
     trainer_cls._jitckpt_patched = True
 
 
@@ -442,3 +491,16 @@ def _data_of(trainer: Any) -> Optional[hfdata.TrainData]:
 def _hidden_of(trainer: Any) -> Optional[hfhidden.HiddenState]:
     session: Optional[TrainerSession] = getattr(trainer, ATTRIBUTE, None)
     return session.hidden if session is not None else None
+
+
+def _books_of(trainer: Any) -> Optional[hfbooks.LoopBooks]:
+    session: Optional[TrainerSession] = getattr(trainer, ATTRIBUTE, None)
+    return session.books if session is not None else None
+
+
+def _training_with(handler: Any) -> Any:
+    """The Trainer whose ``train()`` is running with callback handler ``handler``, or None."""
+    for session in reversed(_TRAINING):
+        if getattr(session.trainer, "callback_handler", None) is handler:
+            return session.trainer
+    return None

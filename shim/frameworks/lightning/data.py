@@ -187,10 +187,7 @@ class Position:
         self.workers = loader.num_workers > 0
         self.persistent = bool(loader.persistent_workers and self.workers)
         if self.persistent:
-            self.problem = (
-                "persistent DataLoader workers (their random states carry over between epochs: "
-                "a resume would have to replay every earlier epoch through them)"
-            )
+            self.problem = dataloaders.PERSISTENT_WORKERS
         name = _sampler_name(loader)
         inner = getattr(loader, name)
         if not isinstance(inner, ResumableSampler):

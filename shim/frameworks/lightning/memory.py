@@ -20,7 +20,16 @@ from memory and would find otherwise than the uninterrupted run did:
 - ``ModelCheckpoint``'s ``_last_global_step_saved`` and
   ``_last_checkpoint_saved`` (which save of a step is a duplicate, which file
   a new ``last`` replaces), ``_defer_save_until_validation`` and
-  ``current_score`` (in its ``state_dict`` but never loaded back).
+  ``current_score`` (in its ``state_dict`` but never loaded back);
+- ``LearningRateMonitor``'s history of what it logged (``lrs``, and the last
+  momentum and weight decay values), which it starts afresh at every
+  ``on_train_start``: a resumed run's would hold the steps after the resume
+  only.
+
+``ThroughputMonitor`` cannot be put back: it times the process it runs in
+(wall-clock), and its counts of batches and samples go with that timing, so
+from the resume on it measures the resumed process alone; the run is told so
+once.
 
 Captured as tensors, numbers and strings, so the rank file still loads with
 ``torch.load(weights_only=True)``. Per rank: metrics logged without
@@ -29,19 +38,29 @@ Captured as tensors, numbers and strings, so the rank file still loads with
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...log import failed, say_once
+from .classes import lightning_class
 
 # The version of what ``capture`` returns.
 MEMORY_VERSION = 1
 _METRICS = ("_callback_metrics", "_logged_metrics", "_progress_bar_metrics")
-_CHECKPOINT_ATTRIBUTES = (
-    "_last_global_step_saved",
-    "_last_checkpoint_saved",
-    "_defer_save_until_validation",
-    "current_score",
-)
+# Lightning's callbacks (and their subclasses), by class name: what each holds in memory.
+_CALLBACK_ATTRIBUTES = {
+    "ModelCheckpoint": (
+        "_last_global_step_saved",
+        "_last_checkpoint_saved",
+        "_defer_save_until_validation",
+        "current_score",
+    ),
+    "LearningRateMonitor": ("lrs", "last_momentum_values", "last_weight_decay_values"),
+}
+# Lightning's callbacks whose measurements start again in a resumed process, and why.
+_STARTS_AGAIN = {
+    "ThroughputMonitor": "it times the process it runs in (wall-clock), and its batch and "
+    "sample counts go with that timing",
+}
 # Reductions of an epoch aggregate whose parts a resumed run can add to its own.
 _MEAN, _SUM, _MAX, _MIN = "mean", "sum", "max", "min"
 
@@ -54,7 +73,15 @@ def _plain(value: Any) -> bool:
         return True
     if isinstance(value, dict):
         return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
     return False
+
+
+def _attributes(callback: Any) -> Tuple[str, ...]:
+    """What ``callback`` holds in memory that a resumed run puts back."""
+    found = lightning_class(callback, _CALLBACK_ATTRIBUTES)
+    return _CALLBACK_ATTRIBUTES[found] if found is not None else ()
 
 
 def _reduction(meta: Any) -> Optional[str]:
@@ -98,9 +125,10 @@ def capture(trainer: Any) -> Dict[str, Any]:
     memory["aggregates"] = _aggregates(getattr(loop, "_results", None))
     checkpoints: Dict[str, Dict[str, Any]] = {}
     for callback in trainer.callbacks:
-        if not hasattr(callback, "_last_global_step_saved"):
+        names = _attributes(callback)
+        if not names:
             continue
-        state = {a: getattr(callback, a) for a in _CHECKPOINT_ATTRIBUTES if hasattr(callback, a)}
+        state = {a: getattr(callback, a) for a in names if hasattr(callback, a)}
         checkpoints[str(callback.state_key)] = {k: v for k, v in state.items() if _plain(v)}
     memory["checkpoint_callbacks"] = checkpoints
     return memory
@@ -128,10 +156,18 @@ class Memory:
                 setattr(connector, name, _to(saved, device))
         states = self.memory.get("checkpoint_callbacks") or {}
         for callback in trainer.callbacks:
+            again = lightning_class(callback, _STARTS_AGAIN)
+            if again is not None:
+                say_once(
+                    "lightning-callback-starts-again",
+                    "%s measures the resumed process only, not the run it continues: %s"
+                    % (type(callback).__name__, _STARTS_AGAIN[again]),
+                )
             state = states.get(str(getattr(callback, "state_key", "")))
-            if hasattr(callback, "_last_global_step_saved") and isinstance(state, dict):
+            names = _attributes(callback)
+            if names and isinstance(state, dict):
                 for attribute, value in state.items():
-                    if attribute in _CHECKPOINT_ATTRIBUTES:
+                    if attribute in names:
                         setattr(callback, attribute, _to(value, device))
 
     def at_first_batch(self, trainer: Any) -> None:
@@ -177,6 +213,8 @@ def _to(value: Any, device: Any) -> Any:
         return value.to(device)
     if isinstance(value, dict):
         return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
     return value
 
 

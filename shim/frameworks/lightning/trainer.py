@@ -69,10 +69,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ... import asyncsave, claim, dist, final, watcher
 from ...checkpoints import list_checkpoints
 from ...config import ShimConfig
-from ...log import failed, say, say_once
+from ...log import attached, failed, say, say_once
 from ...protocol import KIND_JIT, KIND_PERIODIC
 from ...signals import FLAG
 from ...trainrun import TrainingRun
+from . import callbackbooks, epochstart, lrfinder
 from . import copies as lightningcopies
 from . import memory as lightning_memory
 from . import saves as lightningsaves
@@ -233,6 +234,8 @@ class FitSession:
         # or for the step's end (``at_step_end``)
         self.at_step_end = False
         self.memory: Optional[lightning_memory.Memory] = None  # what a resume puts back
+        self.epoch_start = epochstart.Watch()  # what callbacks build at an epoch's start
+        self.callback_books = callbackbooks.CallbackBooks()  # the program's own callbacks'
         self.trained = False  # the last fit() returned normally: saves from now on are final
         self.off = False  # the train data cannot be resumed exactly: no checkpoints at all
         self.register_again: Callable[[], None] = lambda: None  # Lightning's SIGTERM handling
@@ -273,16 +276,19 @@ class FitSession:
         self.deferred = None
         self.at_step_end = False
         self.memory = None
+        self.epoch_start.saved = None
+        self.callback_books.fit_started(self.trainer)
         self.trained = False
         self.run.training_again()
         self.run.start(lambda: int(self.trainer.global_step))
 
-    def train_started(self) -> None:
+    def train_started(self, ours: type) -> None:
         trainer = self.trainer
         problem = self.position.problem_with(self.train_loaders())
         if problem is not None:
             self.off = True
             stand_down(problem, self.register_again)
+            self.run.unfollowed("this Lightning run cannot be resumed exactly (%s)" % problem)
             return
         self.last_step = int(trainer.global_step)
         max_steps = int(trainer.max_steps)
@@ -292,6 +298,8 @@ class FitSession:
         self.max_steps = max_steps
         if self.memory is not None:
             self.memory.before_training(trainer)
+        self.epoch_start.follow(trainer, ours)
+        self.callback_books.train_started(trainer)
 
     def first_batch(self) -> None:
         """The first batch of this fit is taken: the resume is complete."""
@@ -331,17 +339,19 @@ class FitSession:
                 "without it" % (directory, writers, world),
             )
             return None
-        self._load_record(os.path.join(directory, RANK_FILE % self.trainer.global_rank))
+        record = self._load_record(os.path.join(directory, RANK_FILE % self.trainer.global_rank))
+        lrfinder.resume(self.trainer, record)
         return path
 
-    def _load_record(self, path: str) -> None:
+    def _load_record(self, path: str) -> Optional[Dict[str, Any]]:
+        """The rank file at ``path``, its parts loaded (None: none could be read)."""
         if not os.path.isfile(path):
             say_once(
                 "resume-no-record",
                 "%s is missing: the random number generators and the epoch's data position "
                 "start as in a fresh run" % os.path.basename(path),
             )
-            return
+            return None
         try:
             import torch
 
@@ -350,8 +360,12 @@ class FitSession:
                 raise ValueError("not a dict")
             self.position.resume_from(record)
             self.memory = lightning_memory.load(record)
+            self.epoch_start.load(record)
+            self.callback_books.load(record)
+            return record
         except Exception as exc:
             failed("reading %s" % path, exc)
+            return None
 
     # -- the step boundary ----------------------------------------------------------
     def batch_end(self) -> None:
@@ -494,6 +508,9 @@ class FitSession:
             consumed >= self.batches(),
         )
         record["memory"] = lightning_memory.capture(self.trainer)
+        record["epoch_start"] = self.epoch_start.capture(self.trainer)
+        record["lr_finder"] = lrfinder.capture(self.trainer)
+        record["callback_books"] = self.callback_books.capture(self.trainer)
         path = os.path.join(directory, RANK_FILE % self.trainer.global_rank)
         temporary = "%s.tmp-%d" % (path, os.getpid())
         torch.save(record, temporary)
@@ -550,7 +567,10 @@ def _make_callback(base: type) -> type:
                 failed(what, exc)
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            self._guard("starting the Lightning integration", self._session.train_started)
+            self._guard(
+                "starting the Lightning integration",
+                lambda: self._session.train_started(type(self)),
+            )
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, *args: Any) -> None:
             session = self._session
@@ -623,10 +643,11 @@ class Integration:
         )
         self.sessions[trainer] = session
         trainer.callbacks.append(self.callback_type(session))
-        say_once(
+        attached(
             "lightning-attached",
-            "Lightning (%s %s): checkpoints are written to %s"
-            % (self.parts.name, self.parts.version, self.config.checkpoints_dir),
+            "Lightning (%s %s): its steps, SIGTERM saves at the next one"
+            % (self.parts.name, self.parts.version),
+            str(self.config.checkpoints_dir),
         )
         return session
 
@@ -758,6 +779,10 @@ class Integration:
                     renew_if_stale(session.position, data_fetcher)
                 except Exception as exc:
                     failed("making the resumed epoch's DataLoader iterator again", exc)
+                try:
+                    session.epoch_start.resumed_epoch(session.trainer)
+                except Exception as exc:
+                    failed("building again what callbacks build at an epoch's start", exc)
             return original(loop, data_fetcher, *args, **kwargs)
 
         return on_run_start

@@ -19,7 +19,7 @@ torchtitan writes a checkpoint with DCP into ``<checkpoint.folder>/step-<N>/``
   not staged;
 - the files only this node's ranks read back on the same layout (DCP files
   holding only parts of sharded tensors) are marked node-local, as a plain
-  FSDP2 loop's are (``plain.nodelocal``);
+  FSDP2 loop's are (``plain.layout.nodelocal``);
 - on resume the sidecar restored ``checkpoint-<N>/``: the manager's ``load()`` is
   pointed at it (its folder and its step directory, for that call only), so
   torchtitan's own ``_load`` reads it.
@@ -33,7 +33,7 @@ import os
 from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, Tuple
 
 from ...log import failed, say_once
-from ..plain import nodelocal
+from ..plain.layout import nodelocal
 
 # Written last into a DCP checkpoint (by the coordinating rank, once every rank wrote).
 DCP_METADATA = ".metadata"

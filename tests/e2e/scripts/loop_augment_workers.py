@@ -3,8 +3,10 @@
 Written the way research code is: a ``Dataset`` that jitters and flips its
 samples with numpy and Python's ``random`` as they are read, two worker
 processes seeded by the usual ``worker_init_fn`` (numpy and ``random`` from
-``torch.initial_seed()``), a ``collate_fn`` that draws a random per-batch
-scale, a ``DistributedSampler`` reshuffled each epoch. At the end rank 0 saves
+``torch.initial_seed()``) and kept alive across epochs (``persistent_workers``,
+so their random states carry over from one epoch to the next), a
+``collate_fn`` that draws a random per-batch scale, a ``DistributedSampler``
+reshuffled each epoch. At the end rank 0 saves
 the model. It knows nothing about jitckpt.
 
     torchrun --nnodes 2 ... loop_augment_workers.py --epochs 3
@@ -71,6 +73,7 @@ def main() -> None:
         batch_size=8,
         sampler=sampler,
         num_workers=args.workers,
+        persistent_workers=args.workers > 0,
         worker_init_fn=seed_worker,
         collate_fn=scale_batch,
     )

@@ -1,53 +1,58 @@
-"""DDP training bounded by its own step counter, with an EMA and books of its own.
+"""DDP training bounded by its own step counter, with an EMA and books of its own, as a function.
 
-Run by torchrun. A small MLP with dropout on synthetic data (from a fixed
-seed), compiled with ``torch.compile``, a DistributedSampler with
-``set_epoch``, SGD with momentum, and an ``AveragedModel`` EMA updated after
-every optimizer step, which no optimizer holds. The loop is
-``for step in range(max_steps)`` over ``next(it)``, a new iterator at each
-epoch's end, as LLM pre-training loops are written, and it keeps books: a
-running mean of the loss, the best loss and an early-stopping patience, a
-list of logged losses, the samples seen. Rank 0 saves the model, its EMA and
-the books at the end. It knows nothing about jitckpt.
+Written as a Kubeflow SDK training function (``CustomTrainer(func=train_fn)``):
+its imports, its model class and its data inside it, so that the SDK can ship
+its source alone, which it writes to a new ``ephemeral_script.py`` at every
+pod start and runs with torchrun (run as a script, it calls the function
+itself). A small MLP with dropout on synthetic data (from a fixed seed),
+compiled with ``torch.compile``, a DistributedSampler with ``set_epoch``, SGD
+with momentum, and an ``AveragedModel`` EMA updated after every optimizer
+step, which no optimizer holds. The loop is ``for step in range(max_steps)``
+over ``next(it)``, a new iterator at each epoch's end, as LLM pre-training
+loops are written, and it keeps books: a running mean of the loss, the best
+loss and an early-stopping patience, a list of logged losses, the samples
+seen. Rank 0 saves the model, its EMA and the books at the end. It knows
+nothing about jitckpt.
 """
 
-import argparse
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn, optim
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
-
-
-def synthetic(size: int, seed: int) -> TensorDataset:
-    generator = torch.Generator().manual_seed(seed)
-    features = torch.randn(size, 16, generator=generator)
-    labels = (features[:, :3].sum(dim=1) > 0).long()
-    return TensorDataset(features, labels)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--max-steps", type=int, default=24)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--ema-decay", type=float, default=0.9)
+def train_fn(
+    max_steps: int = 24,
+    batch_size: int = 16,
+    ema_decay: float = 0.9,
     # aot_eager: dynamo and AOTAutograd as torch.compile runs them, without the minutes of
     # C++ code generation inductor needs on a CPU.
-    parser.add_argument("--compile-backend", default="aot_eager")
-    args = parser.parse_args()
+    compile_backend: str = "aot_eager",
+) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn, optim
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = nn.Linear(16, 32)
+            self.dropout = nn.Dropout(0.2)
+            self.out = nn.Linear(32, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.dropout(torch.relu(self.hidden(x))))
 
     dist.init_process_group(backend="gloo")
     torch.manual_seed(0)
-    dataset = synthetic(256, seed=5)
+    generator = torch.Generator().manual_seed(5)
+    features = torch.randn(256, 16, generator=generator)
+    dataset = TensorDataset(features, (features[:, :3].sum(dim=1) > 0).long())
     sampler = DistributedSampler(dataset, shuffle=True, seed=3)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
 
-    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
-    model = torch.compile(nn.parallel.DistributedDataParallel(net), backend=args.compile_backend)
-    ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(args.ema_decay))
+    net = Net()
+    model = torch.compile(nn.parallel.DistributedDataParallel(net), backend=compile_backend)
+    ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(ema_decay))
     optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     epoch = 0
@@ -58,17 +63,17 @@ def main() -> None:
     patience = 0
     logged = []
     samples = 0
-    for step in range(args.max_steps):
+    for step in range(max_steps):
         try:
-            features, labels = next(it)
+            inputs, labels = next(it)
         except StopIteration:
             epoch += 1
             sampler.set_epoch(epoch)
             it = iter(loader)
-            features, labels = next(it)
+            inputs, labels = next(it)
         model.train()
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(features), labels)
+        loss = F.cross_entropy(model(inputs), labels)
         loss.backward()
         optimizer.step()
         ema.update_parameters(net)
@@ -99,4 +104,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    train_fn()

@@ -8,15 +8,21 @@ batch ``X, Y``), batches drawn by ``get_batch()`` from torch's global
 generator (no DataLoader), ``get_lr(iter_num)`` setting the learning rate by
 hand, gradient accumulation with ``require_backward_grad_sync``, autocast and
 a ``GradScaler``, an evaluation every ``eval_interval`` iterations on the
-master process and its own ``ckpt.pt`` written there. The data set is made
-here, from a fixed seed, as a ``uint16`` memmap like nanoGPT's prepared
-``train.bin``. It knows nothing of jitckpt.
+master process and its own ``ckpt.pt`` written there. Its configurator reads a
+config file as nanoGPT's does (``with open(config_file) as f: print(f.read())``,
+then ``exec(open(config_file).read())``), and the vocabulary size comes from
+the data set's ``meta.pkl`` (``with open(meta_path, 'rb') as f:``): both leave a
+closed file ``f`` among the module's globals. The data set and the config file
+are made here, from a fixed seed, as a ``uint16`` memmap like nanoGPT's
+prepared ``train.bin`` and a file like its ``config/train_shakespeare_char.py``.
+It knows nothing of jitckpt.
 
-    torchrun --nnodes 2 ... nanogpt_shape.py --max_iters=30 --eval_interval=10
+    torchrun --nnodes 2 ... nanogpt_shape.py [config/train_chars.py] --max_iters=30
 """
 
 import math
 import os
+import pickle
 import sys
 import time
 from contextlib import nullcontext
@@ -56,13 +62,28 @@ min_lr = 6e-4
 backend = "gloo"
 device = "cpu"
 dtype = "float16"
-# -- the configurator: --key=value overrides a global of the same name and type ------------
+# -- the configurator: a config file, then --key=value overrides of a global of its type -----
 config_keys = [
     k
     for k, v in globals().items()
     if not k.startswith("_") and isinstance(v, (int, float, bool, str))
 ]
+config_file = os.path.join("config", "train_chars.py")
+if not os.path.exists(config_file):  # the repository's config file, written here once
+    os.makedirs("config", exist_ok=True)
+    with open(f"{config_file}.tmp-{os.getpid()}", "w") as f:
+        f.write("# a tiny character-level model\neval_interval = 10\nmax_iters = 30\n")
+    os.replace(f"{config_file}.tmp-{os.getpid()}", config_file)
 for arg in sys.argv[1:]:
+    if "=" not in arg:
+        config_file = arg
+print(f"Overriding config with {config_file}:")
+with open(config_file) as f:
+    print(f.read())
+exec(open(config_file).read())  # noqa: SIM115 (nanoGPT's configurator, as written)
+for arg in sys.argv[1:]:
+    if "=" not in arg:
+        continue
     key, value = arg[2:].split("=", 1)
     assert key in globals(), f"unknown config key {key}"
     kind = type(globals()[key])
@@ -166,14 +187,24 @@ ctx = (
 
 # -- the data: a memmap of uint16 tokens, made once from a fixed seed -------------------
 data_dir = os.path.join("data", dataset)
-vocab_size = 65
-if not os.path.exists(os.path.join(data_dir, "val.bin")):
+meta_path = os.path.join(data_dir, "meta.pkl")
+if not os.path.exists(meta_path):
     os.makedirs(data_dir, exist_ok=True)
-    tokens = np.random.RandomState(7).randint(0, vocab_size, size=6000).astype(np.uint16)
+    tokens = np.random.RandomState(7).randint(0, 65, size=6000).astype(np.uint16)
     for split, part in (("train", tokens[:5000]), ("val", tokens[5000:])):
         partial = os.path.join(data_dir, f"{split}.bin.tmp-{os.getpid()}")
         part.tofile(partial)
         os.replace(partial, os.path.join(data_dir, f"{split}.bin"))
+    with open(f"{meta_path}.tmp-{os.getpid()}", "wb") as f:
+        pickle.dump({"vocab_size": 65}, f)
+    os.replace(f"{meta_path}.tmp-{os.getpid()}", meta_path)
+meta_vocab_size = None
+if os.path.exists(meta_path):
+    with open(meta_path, "rb") as f:
+        meta = pickle.load(f)
+    meta_vocab_size = meta["vocab_size"]
+    print(f"found vocab_size = {meta_vocab_size} (inside {meta_path})")
+vocab_size = meta_vocab_size if meta_vocab_size is not None else 50304
 
 
 def get_batch(split):

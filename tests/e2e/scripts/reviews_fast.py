@@ -1,10 +1,12 @@
 """Fine-tune a small BERT-style classifier on review snippets with the Hugging Face Trainer.
 
 An ordinary training script, written the way people write them: no
-checkpointing of its own (``save_strategy="no"``), the model saved with
-``trainer.save_model()`` after training, then an evaluation and a metrics
-file. The model is built from a config (nothing is downloaded) and is small
-enough to train many steps a second on a CPU.
+checkpointing of its own (``save_strategy="no"``), an evaluation every 20
+steps, a callback of its own that keeps every loss logged and counts the
+evaluations and writes them to ``record.json`` when training ends, the model
+saved with ``trainer.save_model()`` after training, then an evaluation and a
+metrics file. The model is built from a config (nothing is downloaded) and is
+small enough to train many steps a second on a CPU.
 
     torchrun --nproc-per-node 2 reviews_fast.py
 """
@@ -18,6 +20,7 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
     set_seed,
 )
@@ -73,6 +76,27 @@ def build_model():
     return BertForSequenceClassification(config)
 
 
+class LossRecord(TrainerCallback):
+    """What the run logged, as the script keeps it: every loss and the evaluations."""
+
+    def __init__(self):
+        self.losses = []
+        self.evaluations = 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append((state.global_step, logs["loss"]))
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluations += 1
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            os.makedirs(args.output_dir, exist_ok=True)
+            with open(os.path.join(args.output_dir, "record.json"), "w") as out:
+                json.dump({"losses": self.losses, "evaluations": self.evaluations}, out)
+
+
 def main():
     set_seed(7)
     model = build_model()
@@ -83,6 +107,8 @@ def main():
         learning_rate=3e-4,
         warmup_steps=5,
         logging_steps=10,
+        eval_strategy="steps",
+        eval_steps=20,
         save_strategy="no",
         report_to="none",
         use_cpu=True,
@@ -94,6 +120,7 @@ def main():
         args=args,
         train_dataset=Reviews(320, seed=1),
         eval_dataset=Reviews(64, seed=2),
+        callbacks=[LossRecord()],
     )
     trainer.train()
     trainer.save_model()

@@ -81,6 +81,7 @@ def main(argv=None) -> int:
         use_cpu=True,
         disable_tqdm=True,
         dataloader_num_workers=args.workers,
+        dataloader_persistent_workers=args.workers > 0,  # the workers live across epochs
         seed=17,
     )
     trainer = Trainer(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from ...shardedwrites import ShardedWrites
+from ....shardedwrites import ShardedWrites
 from . import nodelocal, shardedstate
 
 

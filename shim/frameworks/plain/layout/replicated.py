@@ -32,8 +32,8 @@ import hashlib
 import os
 from typing import Any, Dict, List, Optional
 
-from ... import dist
-from ...log import say_once
+from .... import dist
+from ....log import say_once
 from .state import STATE_DIR
 
 KEY = "replicated"

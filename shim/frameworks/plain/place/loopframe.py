@@ -17,9 +17,11 @@ iterator lives while the loop runs (``iterslots``).
 from __future__ import annotations
 
 import dis
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .programstate import is_program_file
+from ..programstate import is_program_file
+from . import codeid
 
 # Backward jumps that are not a loop of the program's: ``yield from`` and ``await``.
 _NOT_LOOPS = {"JUMP_BACKWARD_NO_INTERRUPT", "SEND"}
@@ -158,8 +160,10 @@ def find_code(start: Any, identity: Dict[str, Any]) -> Optional[Any]:
 
 
 def identity(code: Any) -> Dict[str, Any]:
-    """What names a code object across processes: its file, name and first line."""
+    """What names a code object across processes: its content (``codeid``), whatever file
+    it was written to; its file, name and first line say where it is, in messages."""
     return {
+        "digest": codeid.digest(code),
         "file": code.co_filename,
         "name": getattr(code, "co_qualname", code.co_name),
         "line": code.co_firstlineno,
@@ -167,7 +171,50 @@ def identity(code: Any) -> Dict[str, Any]:
 
 
 def same_code(code: Any, saved: Dict[str, Any]) -> bool:
-    return identity(code) == {k: saved.get(k) for k in ("file", "name", "line")}
+    if getattr(code, "co_qualname", code.co_name) != saved.get("name"):
+        return False
+    if "digest" in saved:
+        return codeid.digest(code) == saved["digest"]
+    # A checkpoint of an earlier shim names its code by its place.
+    return (code.co_filename, code.co_firstlineno) == (saved.get("file"), saved.get("line"))
+
+
+def mismatch(code: Any, saved: Dict[str, Any]) -> Optional[str]:
+    """Why ``code`` is not the code ``saved`` names, for a message (None: it is)."""
+    if same_code(code, saved):
+        return None
+    here = where(identity(code))
+    if "digest" in saved and getattr(code, "co_qualname", code.co_name) == saved.get("name"):
+        return (
+            "the loop's code in %s is not the code the checkpoint was written by (in %s): "
+            "the program changed" % (here, where(saved))
+        )
+    return "the loop runs in %s, the checkpoint's in %s" % (here, where(saved))
+
+
+def changed(start: Any, saved: Dict[str, Any]) -> Optional[str]:
+    """Before the loop runs: a frame outward from ``start`` of the function ``saved`` names
+    (its name, in a file of the same name) whose code is another, and none whose code is the
+    same; why the checkpoint does not fit (None: no such frame, or the same code is there)."""
+    found = None
+    frame = start
+    while frame is not None:
+        code = frame.f_code
+        if same_code(code, saved):
+            return None
+        if found is None and _same_name(code, saved) and is_program_file(code.co_filename):
+            found = mismatch(code, saved)
+        frame = frame.f_back
+    return found
+
+
+def _same_name(code: Any, saved: Dict[str, Any]) -> bool:
+    file = saved.get("file")
+    return (
+        getattr(code, "co_qualname", code.co_name) == saved.get("name")
+        and isinstance(file, str)
+        and os.path.basename(code.co_filename) == os.path.basename(file)
+    )
 
 
 def where(saved: Dict[str, Any]) -> str:

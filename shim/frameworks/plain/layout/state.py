@@ -43,9 +43,10 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-from ..deepspeed import engines as dsengines
-from . import extrastate, programstate, shardedstate
-from .created import Created, note_copies, note_instances
+from ...deepspeed import engines as dsengines
+from .. import programstate
+from ..created import Created, note_copies, note_instances
+from . import extrastate, shardedstate
 
 FORMAT = 2
 STATE_DIR = "loop-state"

@@ -26,7 +26,7 @@ import types
 import warnings
 from typing import Any, Dict, List, Optional
 
-from ... import dataloaders
+from .... import dataloaders
 from . import loopframe
 
 # ``PyFrameObject``: the pointer to its ``_PyInterpreterFrame``, after the object head and f_back.
@@ -43,6 +43,7 @@ _INDEXED = {
     "list_reverseiterator",
 }
 TRACKED = "tracked"  # a data loader's iterator: its place is the tracker's
+STACKED = "stack"  # a generator that is the next frame of the program's stack: its own record
 UNREADABLE = {"kind": "unknown", "type": "?"}  # a slot this Python's layout does not let us read
 
 
@@ -177,8 +178,10 @@ def put(obj: Any, saved: Dict[str, Any]) -> Optional[str]:
     name = type(obj).__name__
     if name != saved.get("type"):
         return "the loop iterates a %s, the checkpoint's loop a %s" % (name, saved.get("type"))
-    if kind in (TRACKED, "unknown"):
-        return None  # the tracker's, or nothing to set (the caller decides whether that is fine)
+    if kind in (TRACKED, STACKED, "unknown"):
+        # The tracker's, the next frame's of the stack (``stack``), or nothing to set (the
+        # caller decides whether that is fine).
+        return None
     if kind == "index":
         reduced = obj.__reduce__()
         source = reduced[1][0] if reduced[1] else None

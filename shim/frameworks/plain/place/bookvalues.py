@@ -161,7 +161,7 @@ def describe(value: Any) -> str:
     if isinstance(value, types.FunctionType) and value.__name__ == "<lambda>":
         return "a lambda"
     if isinstance(value, io.IOBase):
-        return "an open file"
+        return "a closed file" if getattr(value, "closed", False) else "an open file"
     kind = type(value)
     return "a %s.%s (not plain data)" % (kind.__module__, kind.__qualname__)
 

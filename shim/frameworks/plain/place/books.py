@@ -33,13 +33,16 @@ import argparse
 import collections
 import ctypes
 import inspect
+import io
 import random
 import sys
 import types
 from typing import Any, Dict, List, Optional, Tuple
 
-from ... import dataloaders
-from . import iterslots, loopframe, programstate
+from .... import dataloaders
+from ....log import say
+from .. import programstate
+from . import iterslots, liveness, loopframe
 from .bookvalues import (
     LIMIT_BYTES,
     Encoder,
@@ -134,7 +137,9 @@ def capture(
     left out, so the next process keeps its own (its arguments, its rank)."""
     before = baseline or {}
     code = frame.f_code
-    offset = frame.f_lasti if offset is None else offset
+    started = offset is None  # the frame's own instruction is under way (a call it made)
+    offset = liveness.instruction(code, frame.f_lasti) if offset is None else offset
+    dead = liveness.dead(code, offset, started)
     encoder = Encoder(guarded)
     kinds = _Kinds()
     variables: Dict[str, Any] = {}
@@ -153,7 +158,9 @@ def capture(
                     value, name, encoder, kinds, skipped, before=unchanged
                 )
             continue
-        if kinds.left_out(value) or (_unchanged(before, name, value) and not _iterator(value)):
+        if name in dead or kinds.left_out(value):
+            continue
+        if _unchanged(before, name, value) and not _iterator(value):
             continue
         try:
             variables[name] = encoder.encode(value)
@@ -165,6 +172,8 @@ def capture(
         "iterators": places(frame, offset),
         "variables": variables,
         "attributes": attributes,
+        # Stored before they are read again (``liveness``): left to the next process.
+        "dead": sorted(name for name in dead if isinstance(name, str) and _public(name)),
     }
     return record, skipped
 
@@ -261,12 +270,19 @@ def unfollowable(iterators: List[Dict[str, Any]]) -> Optional[str]:
     return None
 
 
-def drawn_from(frame: Any) -> Optional[str]:
-    """An iterator the loop's frame holds whose place cannot be saved (a loop with no
-    DataLoader may draw its batches from it): why the loop cannot be followed, or None."""
+def drawn_from(frame: Any, offset: Optional[int] = None) -> Optional[str]:
+    """An iterator the loop's frame holds whose place cannot be saved, and which the loop
+    may draw its batches from: why the loop cannot be followed, or None.
+
+    Only what the rest of the program can still read counts (``liveness``: a variable
+    stored before it is read again is never drawn from), and a closed file cannot be
+    read at all (``with open(meta_path) as f:`` leaves one among a script's globals)."""
     kinds = _Kinds()
+    started = offset is None
+    here = liveness.instruction(frame.f_code, frame.f_lasti) if offset is None else offset
+    dead = liveness.dead(frame.f_code, here, started)
     for name, value in list(_scope(frame).items()):
-        if not _public(name) or kinds.left_out(value):
+        if not _public(name) or name in dead or kinds.left_out(value) or _closed(value):
             continue
         if _iterator(value):
             return "the loop's variable %s is %s, whose place cannot be saved" % (
@@ -276,15 +292,19 @@ def drawn_from(frame: Any) -> Optional[str]:
     return None
 
 
+def _closed(value: Any) -> bool:
+    return isinstance(value, io.IOBase) and bool(getattr(value, "closed", False))
+
+
 def put_back(frame: Any, record: Dict[str, Any], offset: Optional[int] = None) -> Optional[str]:
     """Write ``record`` back into ``frame`` at ``offset``; why it cannot be (None: done)."""
-    if not loopframe.same_code(frame.f_code, record["code"]):
-        return "the loop runs in %s, the checkpoint's in %s" % (
-            loopframe.where(loopframe.identity(frame.f_code)),
-            loopframe.where(record["code"]),
-        )
-    offset = frame.f_lasti if offset is None else offset
+    problem = loopframe.mismatch(frame.f_code, record["code"])
+    if problem is not None:
+        return problem
+    started = offset is None
+    offset = liveness.instruction(frame.f_code, frame.f_lasti) if offset is None else offset
     problem = _put_iterators(frame, offset, record["iterators"])
+    problem = problem or _read_here(frame.f_code, offset, started, record)
     if problem is not None:
         return problem
     scope = _scope(frame)
@@ -304,6 +324,21 @@ def put_back(frame: Any, record: Dict[str, Any], offset: Optional[int] = None) -
     for obj, key, value in attributes:
         setattr(obj, key, restore(getattr(obj, key, None), value))
     _write_through(frame)
+    return None
+
+
+def _read_here(code: Any, offset: int, started: bool, record: Dict[str, Any]) -> Optional[str]:
+    """Why a variable left out as dead where the checkpoint was written would be read before
+    it is stored from ``offset`` (the loop asks at another place in its code), or None."""
+    if offset == record["offset"]:
+        return None
+    dead = liveness.dead(code, offset, started)
+    read = [name for name in record.get("dead", []) if name not in dead]
+    if read:
+        return (
+            "the loop goes on at another place in its code, which reads %s before it "
+            "stores it" % ", ".join(str(name) for name in read[:5])
+        )
     return None
 
 
@@ -353,3 +388,86 @@ def named(skipped: Skipped, limit: int = 20) -> str:
     if len(skipped) > limit:
         shown.append("and %d more" % (len(skipped) - limit))
     return ", ".join(shown)
+
+
+def object_fingerprints(obj: Any) -> Baseline:
+    """What ``obj``'s attributes are now (``fingerprint``), to tell later which ones changed:
+    the baseline of one of the program's objects that no loop frame holds (a framework's
+    callback of the program's own)."""
+    return {name: fingerprint(value) for name, value in list(vars(obj).items()) if _public(name)}
+
+
+def object_books(
+    obj: Any, name: str, guarded: Any, before: Baseline
+) -> Tuple[Dict[str, Any], Skipped]:
+    """The plain-data attributes of ``obj`` that changed since ``before``, encoded as the
+    loop's books are, and what could not be saved (named ``name.attribute``)."""
+    skipped: Skipped = []
+    found = _attributes(obj, name, Encoder(guarded), _Kinds(), skipped, before=before)
+    return found, skipped
+
+
+def put_back_object(obj: Any, saved: Dict[str, Any]) -> None:
+    """Write ``object_books``' record back into ``obj``; raises ``ValueError`` (nothing
+    written) when the record, which comes from the store, names no attribute a program
+    could have or holds what cannot be decoded."""
+    names = [name for name in saved if not (isinstance(name, str) and name.isidentifier())]
+    if names or not all(_public(name) for name in saved):
+        raise ValueError("the record names attributes no object has: %r" % (list(saved)[:5],))
+    decoded = [(name, decode(encoded)) for name, encoded in saved.items()]
+    for name, value in decoded:
+        setattr(obj, name, restore(getattr(obj, name, None), value))
+
+
+def program_objects(objects: List[Any], framework_keeps: Any) -> List[Tuple[str, Any]]:
+    """Those of ``objects`` (a framework's callbacks) that are the program's own and whose
+    state the framework does not keep itself (``framework_keeps(obj)`` false), each with its
+    name in a record: ``Class[i]``, the i-th of its class in ``objects``."""
+    counts: Dict[str, int] = {}
+    found = []
+    for obj in objects:
+        kind = type(obj)
+        if (
+            not programstate.is_program_class(kind)
+            or framework_keeps(obj)
+            or not isinstance(getattr(obj, "__dict__", None), dict)
+        ):
+            continue
+        index = counts.get(kind.__qualname__, 0)
+        counts[kind.__qualname__] = index + 1
+        found.append(("%s[%d]" % (kind.__qualname__, index), obj))
+    return found
+
+
+def named_books(
+    objects: List[Tuple[str, Any]], guarded: Any, baselines: Dict[str, Baseline]
+) -> Tuple[Dict[str, Dict[str, Any]], Skipped]:
+    """``object_books`` of each named object (a framework's callbacks of the program's own):
+    the books of those with any, by name, and what could not be saved of all of them."""
+    saved: Dict[str, Dict[str, Any]] = {}
+    unsaved: Skipped = []
+    for name, obj in objects:
+        found, skipped = object_books(obj, name, guarded, baselines.get(name, {}))
+        if found:
+            saved[name] = found
+        unsaved += skipped
+    return saved, unsaved
+
+
+def put_back_named(objects: List[Tuple[str, Any]], saved: Any) -> List[str]:
+    """``named_books``' record (from the store) written back into the objects of the same
+    names; what does not fit is said, object by object. The names put back."""
+    current = dict(objects)
+    done = []
+    for name, books in (saved if isinstance(saved, dict) else {}).items():
+        obj = current.get(name)
+        if obj is None or not isinstance(books, dict):
+            say("the checkpoint holds books of a callback %s this run has not" % name)
+            continue
+        try:
+            put_back_object(obj, books)
+        except (ValueError, TypeError, KeyError) as exc:
+            say("the books of the callback %s are not put back: %s" % (name, exc))
+            continue
+        done.append(str(name))
+    return done

@@ -31,7 +31,8 @@ import gc
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import fingerprint, programstate
+from .. import programstate
+from . import fingerprint
 
 Keyed = List[Tuple[str, int, Any]]
 # The program's objects without load_state_dict: a tensor of fewer elements than this (a

@@ -44,7 +44,7 @@ import os
 import re
 from typing import Any, Callable, FrozenSet
 
-from ...log import failed
+from ....log import failed
 from .shardedstate import DCP_DIR
 
 RANK_FILE = re.compile(r"loop-state/rank-[0-9]+\.pt")

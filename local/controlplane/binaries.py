@@ -1,0 +1,51 @@
+"""Where the control plane's binaries are: the per-machine cache tools/controlplane builds.
+
+The versions are the ones tools/controlplane/go.mod pins, read from it, so
+the build and the cluster can never disagree on which binary to take. Nothing
+is built or downloaded here: a missing binary is reported with the command
+that builds it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GO_MOD = REPO / "tools" / "controlplane" / "go.mod"
+CACHE_ENV = "JITCKPT_CONTROLPLANE_CACHE"
+DEFAULT_CACHE = Path("/var/cache/jitckpt/controlplane")
+# component -> the module whose version names its build
+MODULES = {
+    "etcd": "go.etcd.io/etcd/server/v3",
+    "kube-apiserver": "k8s.io/kubernetes",
+}
+
+
+class MissingBinary(RuntimeError):
+    """A control-plane binary the cache does not hold."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def pinned_version(module: str, go_mod: Path = GO_MOD) -> str:
+    """The version of ``module`` in go.mod's requirements (direct or indirect)."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod.read_text(), re.M)
+    if match is None:
+        raise MissingBinary(f"{go_mod} pins no version of {module}")
+    return match.group(1)
+
+
+def binary(component: str) -> Path:
+    """The cached binary of ``component`` at its pinned version."""
+    version = pinned_version(MODULES[component])
+    path = cache_root() / f"{component}-{version}" / component
+    if not os.access(path, os.X_OK):
+        raise MissingBinary(
+            f"{component} {version} is not built at {path}: run `make controlplane` "
+            f"(once per machine; {CACHE_ENV} moves the cache)"
+        )
+    return path

@@ -1,0 +1,49 @@
+"""One control plane for the whole session, with the webhook installed from deploy/.
+
+Every test here carries ``xdist_group("controlplane")`` so one worker starts
+the cluster once (seconds, with the binaries cached by ``make controlplane``).
+Where the binaries are not built the tests skip, and fail under ``CI=true``
+(tests/support/tools.py): ``make test`` builds them first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from local.controlplane.binaries import MissingBinary, binary
+from local.controlplane.cluster import ControlPlane
+from local.controlplane.install import InstalledWebhook
+from tests.support.tools import unavailable
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    try:
+        binary("etcd"), binary("kube-apiserver")
+    except MissingBinary as exc:
+        unavailable(str(exc))
+    with ControlPlane() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def installed(control_plane: ControlPlane) -> Iterator[InstalledWebhook]:
+    with InstalledWebhook(control_plane) as webhook:
+        yield webhook
+
+
+@pytest.fixture(scope="session")
+def api(control_plane: ControlPlane) -> client.ApiClient:
+    """An administrator's client of the cluster (its own Configuration, not the global one)."""
+    configuration = client.Configuration()
+    config.load_kube_config(str(control_plane.kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def sanitized(obj: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = client.ApiClient().sanitize_for_serialization(obj)
+    return doc

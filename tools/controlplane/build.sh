@@ -1,0 +1,43 @@
+#!/bin/sh
+# Builds the control plane's binaries (etcd, kube-apiserver) at the versions go.mod
+# pins, from the Go module proxy, into a cache outside the repository keyed by
+# component and version, so a machine builds each once:
+#   $JITCKPT_CONTROLPLANE_CACHE/<component>-<version>/<component>
+# (default /var/cache/jitckpt/controlplane). A version already there is not rebuilt.
+# The build runs at the lowest priority, one package at a time: kube-apiserver is
+# minutes of compiling that would otherwise starve whatever else the machine runs.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${JITCKPT_CONTROLPLANE_CACHE:-/var/cache/jitckpt/controlplane}
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+# readonly: a build never rewrites go.mod or go.sum; local: the Go installed, never a download.
+export GOFLAGS="-mod=readonly -buildvcs=false" GOTOOLCHAIN=local
+cd "$here"
+
+# The version go.mod requires of module $1, read without Go: a built cache needs none.
+version_of() {
+	awk -v m="$1" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' go.mod
+}
+
+# build COMPONENT VERSION PACKAGE [LDFLAGS]
+build() {
+	dest="$cache/$1-$2"
+	if [ -x "$dest/$1" ]; then
+		return 0
+	fi
+	echo "building $1 $2 into $dest (once per machine; minutes)" >&2
+	mkdir -p "$dest"
+	# Written beside its place and renamed: an interrupted build leaves no binary
+	# that a later run would take for a finished one.
+	nice -n 19 "$GO" build -p 1 -trimpath -ldflags "-s -w ${4:-}" -o "$dest/$1.partial" "$3"
+	mv "$dest/$1.partial" "$dest/$1"
+}
+
+etcd=$(version_of go.etcd.io/etcd/server/v3)
+kube=$(version_of k8s.io/kubernetes)
+build etcd "$etcd" go.etcd.io/etcd/server/v3
+# The version the binary reports (/version): a build as a dependency stamps none.
+minor=$(echo "$kube" | cut -d. -f2)
+stamp=k8s.io/component-base/version
+build kube-apiserver "$kube" k8s.io/kubernetes/cmd/kube-apiserver \
+	"-X $stamp.gitVersion=$kube -X $stamp.gitMajor=1 -X $stamp.gitMinor=$minor -X $stamp.gitTreeState=clean"
