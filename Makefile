@@ -98,8 +98,9 @@ golden: setup
 demo: setup
 	$(BIN)/jitckpt demo
 
-# The control plane the tests under tests/controlplane run: etcd and kube-apiserver, built
-# from the Go module proxy at the versions tools/controlplane/go.mod pins into a cache
+# The control plane the tests under tests/controlplane run: etcd and kube-apiserver, and
+# helm for the chart in deploy/helm (tests/webhook/test_helm.py), built from the Go module
+# proxy at the versions tools/controlplane/go.mod (helm/go.mod) pins into a cache
 # outside the checkout (CONTROLPLANE_CACHE/<component>-<version>/), at the lowest priority;
 # a no-op (no Go needed) once a machine has them. Not part of setup: the demo needs no Go.
 # What the first build costs: README.md, "Development".
@@ -124,12 +125,14 @@ bench: setup
 # must never name a sidecar image that is not there. buildah needs no daemon: it builds
 # as images-check does (a Python base from Debian's packages), then pushes.
 # Then it records the digests the registry gave them: deploy/base (PIN_DIR) pins both
-# images by digest (kustomization.yaml's images: entry, configmap.yaml's sidecar_image).
+# images by digest (kustomization.yaml's images: entry, configmap.yaml's sidecar_image),
+# and so does the Helm chart (CHART_PIN_DIR: values.yaml's webhookImage and sidecarImage).
 # docs/platform/install.md, "Images", says more.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 CONTAINER_ENGINE ?= $(shell command -v docker || command -v podman || command -v buildah)
 IMAGE_PREFIX = $(patsubst %/,%,$(REGISTRY))/jitckpt
 PIN_DIR ?= deploy/base
+CHART_PIN_DIR ?= deploy/helm/jitckpt
 # Where images-check links the exported images (each an OCI layout and its root directory);
 # the build cache (base image, buildah storage, exports) is outside the checkout.
 IMAGES_OUT ?= build/images
@@ -157,11 +160,14 @@ else
 	$(CONTAINER_ENGINE) push $(IMAGE_PREFIX)-webhook:$(VERSION)
 endif
 	@$(call digest_of,$(IMAGE_PREFIX)-sidecar:$(VERSION),sidecar) && \
-	sed -i "s|^\(    sidecar_image: \).*|\1$(IMAGE_PREFIX)-sidecar:$(VERSION)@$$d|" $(PIN_DIR)/configmap.yaml
+	sed -i "s|^\(    sidecar_image: \).*|\1$(IMAGE_PREFIX)-sidecar:$(VERSION)@$$d|" $(PIN_DIR)/configmap.yaml && \
+	sed -i "s|^\(sidecarImage: \).*|\1$(IMAGE_PREFIX)-sidecar:$(VERSION)@$$d|" $(CHART_PIN_DIR)/values.yaml
 	@$(call digest_of,$(IMAGE_PREFIX)-webhook:$(VERSION),webhook) && \
 	sed -i -e "s|^\(    newName: \).*|\1$(IMAGE_PREFIX)-webhook|" -e "s|^\(    newTag: \).*|\1$(VERSION)|" \
-		-e "s|^\(    digest: \).*|\1$$d|" $(PIN_DIR)/kustomization.yaml
-	@echo "pushed, and pinned by digest in $(PIN_DIR) (kustomization.yaml, configmap.yaml)"
+		-e "s|^\(    digest: \).*|\1$$d|" $(PIN_DIR)/kustomization.yaml && \
+	sed -i -e "s|^\(  repository: \).*|\1$(IMAGE_PREFIX)-webhook|" -e "s|^\(  tag: \).*|\1\"$(VERSION)\"|" \
+		-e "s|^\(  digest: \).*|\1$$d|" $(CHART_PIN_DIR)/values.yaml
+	@echo "pushed, and pinned by digest in $(PIN_DIR) (kustomization.yaml, configmap.yaml) and $(CHART_PIN_DIR)/values.yaml"
 
 # buildah and debootstrap from Debian's packages, where they are missing (as root).
 images-deps:

@@ -22,6 +22,7 @@ REGISTRY = "registry.example.com/ml"
 # What the Makefile's recipe needs from PATH besides the engine.
 TOOLS = ("sed", "cat")
 PIN_FILES = ("kustomization.yaml", "configmap.yaml")
+CHART_VALUES = ROOT / "deploy" / "helm" / "jitckpt" / "values.yaml"
 
 # `image inspect` answers as a registry would after a push: name@digest, the digest
 # derived from the image's name so each image gets its own.
@@ -69,6 +70,9 @@ def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: s
     pins.mkdir()
     for name in PIN_FILES:
         shutil.copy(ROOT / "deploy" / "base" / name, pins / name)
+    chart = tmp_path / "chart"
+    chart.mkdir()
+    shutil.copy(CHART_VALUES, chart / CHART_VALUES.name)
     env = {
         "PATH": str(bin_dir),
         "RECORD": str(record),
@@ -80,8 +84,9 @@ def make_images(tmp_path: Path, engines: tuple[str, ...], *args: str, fail_on: s
     }
     make = shutil.which("make")
     assert make, "make is needed"
+    pin_dirs = (f"PIN_DIR={pins}", f"CHART_PIN_DIR={chart}")
     done = subprocess.run(
-        [make, "--no-print-directory", "-C", str(ROOT), "images", f"PIN_DIR={pins}", *args],
+        [make, "--no-print-directory", "-C", str(ROOT), "images", *pin_dirs, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -129,12 +134,24 @@ def test_the_pushed_digests_are_pinned_in_the_install(tmp_path: Path) -> None:
     configmap = yaml.safe_load((base / "configmap.yaml").read_text())
     config = yaml.safe_load(configmap["data"]["config.yaml"])
     assert config["sidecar_image"] == f"{REGISTRY}/jitckpt-sidecar:1.2.3@{SIDECAR_DIGEST}"
-    # Everything else in the two files is as it was.
-    for name in PIN_FILES:
-        before = (ROOT / "deploy" / "base" / name).read_text().splitlines()
-        after = (base / name).read_text().splitlines()
+    # The Helm chart names the same two (tests/webhook/test_helm.py holds its render
+    # equal to the overlays').
+    values = yaml.safe_load((tmp_path / "chart" / CHART_VALUES.name).read_text())
+    assert values["webhookImage"] == {
+        "repository": f"{REGISTRY}/jitckpt-webhook",
+        "tag": "1.2.3",
+        "digest": WEBHOOK_DIGEST,
+    }
+    assert values["sidecarImage"] == config["sidecar_image"]
+    # Everything else in the three files is as it was.
+    for before_path, after_path in [
+        *((ROOT / "deploy" / "base" / name, base / name) for name in PIN_FILES),
+        (CHART_VALUES, tmp_path / "chart" / CHART_VALUES.name),
+    ]:
+        before = before_path.read_text().splitlines()
+        after = after_path.read_text().splitlines()
         assert len(before) == len(after)
-        assert sum(a != b for a, b in zip(before, after, strict=True)) <= 3
+        assert sum(a != b for a, b in zip(before, after, strict=True)) <= 4
 
 
 def test_podman_where_there_is_no_docker_and_docker_where_both_are(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Where the control plane's binaries are: the per-machine cache tools/controlplane builds.
 
-The versions are the ones tools/controlplane/go.mod pins, read from it, so
-the build and the cluster can never disagree on which binary to take. Nothing
+The versions are the ones tools/controlplane/go.mod pins (helm's, in its own
+module: tools/controlplane/helm/go.mod), read from it, so the build and the
+cluster can never disagree on which binary to take. Nothing
 is built or downloaded here: a missing binary is reported with the command
 that builds it.
 """
@@ -14,12 +15,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 GO_MOD = REPO / "tools" / "controlplane" / "go.mod"
+# helm's dependencies are Kubernetes libraries at versions of their own: a module of its own.
+HELM_GO_MOD = REPO / "tools" / "controlplane" / "helm" / "go.mod"
 CACHE_ENV = "JITCKPT_CONTROLPLANE_CACHE"
 DEFAULT_CACHE = Path("/var/cache/jitckpt/controlplane")
-# component -> the module whose version names its build
+# component -> the module whose version names its build, and the go.mod that pins it
 MODULES = {
-    "etcd": "go.etcd.io/etcd/server/v3",
-    "kube-apiserver": "k8s.io/kubernetes",
+    "etcd": ("go.etcd.io/etcd/server/v3", GO_MOD),
+    "kube-apiserver": ("k8s.io/kubernetes", GO_MOD),
+    "helm": ("helm.sh/helm/v3", HELM_GO_MOD),
 }
 
 
@@ -41,7 +45,7 @@ def pinned_version(module: str, go_mod: Path = GO_MOD) -> str:
 
 def binary(component: str) -> Path:
     """The cached binary of ``component`` at its pinned version."""
-    version = pinned_version(MODULES[component])
+    version = pinned_version(*MODULES[component])
     path = cache_root() / f"{component}-{version}" / component
     if not os.access(path, os.X_OK):
         raise MissingBinary(

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from local.background import Background
+from local.controlplane.binaries import MODULES, binary, pinned_version
 from local.controlplane.cluster import (
     ControlPlane,
     ControlPlaneError,
@@ -44,6 +45,7 @@ from webhook.certs import CA_FILE, generate, write_bundle
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAY = DEPLOY / "overlays" / "self-signed"
+CHART = DEPLOY / "helm" / "jitckpt"
 NAMESPACE = "jitckpt-system"
 SERVICE_ACCOUNT = "jitckpt-webhook"
 CONFIG_MAP = "jitckpt-webhook-config"
@@ -104,6 +106,27 @@ def render(overlay: Path) -> list[dict[str, Any]]:
     """``kubectl kustomize OVERLAY``: the objects ``apply -k`` sends."""
     out = subprocess.run(
         [kubectl(), "kustomize", str(overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def render_chart(
+    values: dict[str, str] | None = None, namespace: str = NAMESPACE, chart: Path = CHART
+) -> list[dict[str, Any]]:
+    """``helm template`` of the chart with ``values`` (``--set``), as ``helm install`` sends it
+    to a cluster of the control plane's version (the chart requires native sidecars).
+
+    Raises ``subprocess.CalledProcessError`` (with helm's message in ``stderr``) for values
+    the chart's schema refuses."""
+    sets = [f"--set={key}={value}" for key, value in (values or {}).items()]
+    version = pinned_version(*MODULES["kube-apiserver"])
+    argv = [str(binary("helm")), "template", "jitckpt", str(chart), f"--namespace={namespace}"]
+    out = subprocess.run(
+        [*argv, f"--kube-version={version}", *sets],
         capture_output=True,
         text=True,
         check=True,

@@ -6,7 +6,7 @@ matchConditions compiled, the RBAC escalation check on the roles it grants,
 the defaulting of each object. The self-signed overlay is applied by the
 session's install (local/controlplane/install.py); the cert-manager overlay's
 objects, less cert-manager's own kinds (no cert-manager runs here), are sent
-with a server-side dry run.
+with a server-side dry run, and so are the Helm chart's in both modes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from local.controlplane.binaries import MissingBinary
 from local.controlplane.cluster import ControlPlane
 from local.controlplane.install import (
     DEPLOY,
@@ -26,8 +27,10 @@ from local.controlplane.install import (
     InstalledWebhook,
     local_overlay,
     render,
+    render_chart,
     run_kubectl,
 )
+from tests.support.tools import unavailable
 
 pytestmark = [pytest.mark.xdist_group("controlplane")]
 
@@ -97,5 +100,28 @@ def test_cert_manager_overlay_is_accepted_by_the_api_server(
     out = run_kubectl(
         control_plane, "apply", "--server-side", "--dry-run=server", "--force-conflicts", "-f", "-",
         stdin=yaml.safe_dump_all(docs),
+    )  # fmt: skip
+    assert out.count("serverside-applied (server dry run)") == len(docs), out
+
+
+@pytest.mark.parametrize("mode", ["self-signed", "cert-manager"])
+def test_the_helm_chart_is_accepted_by_the_api_server(
+    control_plane: ControlPlane, installed: InstalledWebhook, mode: str
+) -> None:
+    """What ``helm install`` would send (tests/webhook/test_helm.py: the overlays' objects),
+    with the same change of address as the install, in a server-side dry run over it."""
+    try:
+        docs = render_chart({"certificates": mode, "createNamespace": "true"})
+    except MissingBinary as exc:
+        unavailable(str(exc))
+    docs = [d for d in docs if not d["apiVersion"].startswith("cert-manager.io/")]
+    (live_hook,) = installed.objects_of("MutatingWebhookConfiguration")[0]["webhooks"]
+    (configuration,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    (hook,) = configuration["webhooks"]
+    hook["clientConfig"] = live_hook["clientConfig"]
+    assert {d["kind"] for d in docs} >= {"Namespace", "Deployment", "ClusterRoleBinding"}
+    out = run_kubectl(
+        control_plane, "apply", "--server-side", "--dry-run=server", "--force-conflicts",
+        "--field-manager=helm", "-f", "-", stdin=yaml.safe_dump_all(docs),
     )  # fmt: skip
     assert out.count("serverside-applied (server dry run)") == len(docs), out

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Builds the control plane's binaries (etcd, kube-apiserver) at the versions go.mod
-# pins, from the Go module proxy, into a cache outside the repository keyed by
+# pins, and helm (which renders and lints deploy/helm) at the version helm/go.mod pins
+# (a module of its own: its Kubernetes libraries are not kube-apiserver's), from the Go
+# module proxy, into a cache outside the repository keyed by
 # component and version, so a machine builds each once:
 #   $JITCKPT_CONTROLPLANE_CACHE/<component>-<version>/<component>
 # (default /var/cache/jitckpt/controlplane). A version already there is not rebuilt.
@@ -14,9 +16,9 @@ GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 export GOFLAGS="-mod=readonly -buildvcs=false" GOTOOLCHAIN=local
 cd "$here"
 
-# The version go.mod requires of module $1, read without Go: a built cache needs none.
+# The version ${2:-go.mod} requires of module $1, read without Go: a built cache needs none.
 version_of() {
-	awk -v m="$1" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' go.mod
+	awk -v m="$1" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "${2:-go.mod}"
 }
 
 # build COMPONENT VERSION PACKAGE [LDFLAGS]
@@ -41,3 +43,6 @@ minor=$(echo "$kube" | cut -d. -f2)
 stamp=k8s.io/component-base/version
 build kube-apiserver "$kube" k8s.io/kubernetes/cmd/kube-apiserver \
 	"-X $stamp.gitVersion=$kube -X $stamp.gitMajor=1 -X $stamp.gitMinor=$minor -X $stamp.gitTreeState=clean"
+helm=$(version_of helm.sh/helm/v3 helm/go.mod)
+cd helm
+build helm "$helm" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
