@@ -1196,14 +1196,6 @@ def install_accelerate(module: Any) -> None:
                 )
             if self.__dict__.get("skip_batches") and track.problem is None:
                 track.problem = "Accelerate's skip_batches"
-            if track.persistent and not TRACKER.framework:
-                # A loop of the program's own over the shard: not shown exact on two
-                # processes yet (HF's Trainer, whose loop the tracker only follows, is).
-                track.persistent = False
-                track.problem = (
-                    "%s under Accelerate's DataLoaderShard in a loop of the program's own"
-                    % workerstates.PERSISTENT
-                )
         try:
             return TRACKER.begin(track, base, lambda: shard_iter(self), self)
         except Exception as exc:

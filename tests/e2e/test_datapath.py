@@ -39,13 +39,15 @@ CASES = [
     # 192 samples / 2 ranks / batch 8: 12 steps an epoch, 3 epochs; persistent workers,
     # stopped in the first epoch: the resumed run's workers carry their states on.
     Case("plain-ddp-2-workers", "loop_augment_workers.py", 7, "augmented_model.pt"),
-    # 160 samples / 2 ranks / batch 8: 10 steps an epoch, 3 epochs.
+    # 160 samples / 2 ranks / batch 8: 10 steps an epoch, 3 epochs; persistent workers under
+    # Accelerate's shard (which reads a batch ahead), stopped in the second epoch: the
+    # workers' states as of the first batch the loop had not taken, carried over an epoch.
     Case(
-        "accelerate-2-workers",
+        "accelerate-2-persistent-workers",
         "loop_accelerate_augment.py",
         14,
         "accelerate_augment.pt",
-        ["--workers", "2"],
+        ["--workers", "2", "--persistent"],
     ),
     # 64 sentences / 2 ranks / batch 4: 8 steps an epoch, 3 epochs; persistent workers
     # (the collator masks in them), stopped in the first epoch.
