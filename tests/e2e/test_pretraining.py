@@ -47,11 +47,12 @@ def test_a_lightning_fabric_loop_with_one_pod_of_two_preempted_resumes_bitwise(
     tmp_path: Path,
 ) -> None:
     """Fabric's DDP, bf16 precision plugin, DistributedSampler, a per-batch scheduler and
-    augmentation in 2 workers; stopped in its second epoch. What ``fabric.save`` wrote at
+    augmentation in 2 workers that persist across epochs (their random states carried over
+    from the first); stopped in its second epoch. What ``fabric.save`` wrote at
     the end (through a buffer, not a path torch.save sees), the loop's own step counter
     included, is the final model in the store, equal to the uninterrupted run's."""
     options = ["--nnodes", "2", "--preempt-at-step", "17", "--preempt-nodes", "one", "--keep"]
-    summary = demo_summary(FABRIC, options, tmp_path)
+    summary = demo_summary(FABRIC, [*options, "--", "--persistent"], tmp_path)
     assert_resumed_bitwise(summary, 17)
     final = summary["final_model"]
     assert final is not None and final["valid"] and final["files"] == 1, summary["final_model"]

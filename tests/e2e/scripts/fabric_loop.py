@@ -5,9 +5,11 @@
 ``fabric.backward``, ``clip_gradients``, a scheduler stepped every batch, a
 dataset that augments at random in 2 worker processes, a step counter of its
 own, and ``fabric.save`` of the trained state and that counter at the end
-(rank 0 writes it). It knows nothing of jitckpt.
+(rank 0 writes it). With ``--persistent`` the workers live across epochs
+(``persistent_workers=True``, which Lightning's own warning suggests). It
+knows nothing of jitckpt.
 
-    torchrun --nnodes 2 ... fabric_loop.py --epochs 2
+    torchrun --nnodes 2 ... fabric_loop.py --epochs 2 --persistent
 """
 
 import argparse
@@ -42,6 +44,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--output", default="fabric_model.ckpt")
+    parser.add_argument("--persistent", action="store_true")
     args = parser.parse_args()
 
     fabric = L.Fabric(accelerator="cpu", strategy="ddp", num_nodes=2, precision=args.precision)
@@ -54,7 +57,9 @@ def main() -> None:
         optimizer, max_lr=0.02, total_steps=args.epochs * 12
     )
     model, optimizer = fabric.setup(model, optimizer)
-    loader = DataLoader(Noisy(192), batch_size=8, shuffle=True, num_workers=2)
+    loader = DataLoader(
+        Noisy(192), batch_size=8, shuffle=True, num_workers=2, persistent_workers=args.persistent
+    )
     loader = fabric.setup_dataloaders(loader)
 
     step = 0
