@@ -66,12 +66,6 @@ NO_BATCH = (
 )
 NO_BATCH_SEEN = "an optimizer step came without a batch the shim saw"
 NEW_ITERATOR_PER_BATCH = "a new iterator for every batch (next(iter(loader)))"
-# Persistent workers a framework's integration does not follow (``workerstates``): every
-# framework refuses them, in these words, before any checkpoint.
-PERSISTENT_WORKERS = (
-    "%s (their random states carry over between passes: a resume would have to replay "
-    "every earlier epoch through them)" % workerstates.PERSISTENT
-)
 
 
 class Listener:

@@ -30,7 +30,10 @@ earlier epoch would have to be replayed), so they are followed instead:
 
 Followed only where the worker that makes a batch is fixed and the worker's
 states are the ones its fetches leave (``problem``): a map-style dataset,
-``in_order=True``, forked workers.
+``in_order=True``, forked workers. The loaders the plain loop's tracker
+follows say so through ``install``'s ``pending_of``; a framework's integration
+with a place of its own for the train data (Lightning's) marks its loader with
+``follow``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from . import rngstate
 
 ATTR_FOLLOWED = "_jitckpt_workers"
+ATTR_PENDING_OF = "_jitckpt_workers_pending_of"  # a loader's own ``pending_of`` (``follow``)
 # The prefix of every reason persistent workers are refused for: each framework refuses them.
 PERSISTENT = "persistent DataLoader workers"
 
@@ -188,6 +192,13 @@ def record(iterator: Any, batch: int) -> Optional[Dict[str, Any]]:
     }
 
 
+def follow(loader: Any, pending_of: Callable[[], Optional[Resume]]) -> None:
+    """Follow ``loader``'s persistent workers for an integration that keeps the train data's
+    place itself: ``pending_of()`` is the ``Resume`` its next iterator is made for (None:
+    a fresh one)."""
+    loader.__dict__[ATTR_PENDING_OF] = pending_of
+
+
 def install(pending_of: Callable[[Any], Tuple[bool, Optional[Resume]]]) -> None:
     """Patch torch's multi-process iterator to follow persistent workers.
 
@@ -207,11 +218,10 @@ def install(pending_of: Callable[[Any], Tuple[bool, Optional[Resume]]]) -> None:
 
     @functools.wraps(base_init)
     def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-        followed, resume = (
-            pending_of(loader)
-            if isinstance(self, _MultiProcessingDataLoaderIter)
-            else (False, None)
-        )
+        followed, resume = False, None
+        if isinstance(self, _MultiProcessingDataLoaderIter):
+            own = getattr(loader, "__dict__", {}).get(ATTR_PENDING_OF)
+            followed, resume = (True, own()) if own is not None else pending_of(loader)
         if not followed:
             base_init(self, loader, *args, **kwargs)
             return

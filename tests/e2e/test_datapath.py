@@ -55,6 +55,16 @@ CASES = [
     # 160 samples / 2 ranks / batch 8: 10 steps an epoch, 3 epochs; stopped in the second
     # epoch, whose DistributedSampler epoch the resumed iterator must draw its order from.
     Case("lightning-2-workers", "train_lightning_augment.py", 13, "lightning_augment.pt"),
+    # The same with the workers kept alive (persistent_workers=True), stopped in the first
+    # epoch of three: their states as of the first batch not taken, carried into the next
+    # epochs, whose samplers' epoch the resumed iterator is set to before it draws.
+    Case(
+        "lightning-2-persistent-workers",
+        "train_lightning_augment.py",
+        7,
+        "lightning_augment.pt",
+        ["--persistent"],
+    ),
 ]
 
 

@@ -106,13 +106,16 @@ def test_stop_at_epoch_end_exits_143_and_resume_is_bitwise(
 def test_train_data_that_cannot_resume_exactly_gets_no_checkpoint_and_lightnings_sigterm(
     shim_env: ShimEnv, spawn: Spawn, tmp_path: Path
 ) -> None:
-    """Persistent workers: their random states carry over from epochs a resume cannot replay.
+    """Persistent workers started by spawn: their random states carry over from epochs a
+    resume cannot replay, and are followed in forked workers only (refused in the words every
+    framework uses: shim/workerstates.problem).
 
     Said once before the first step; no JIT or periodic checkpoint; SIGTERM
     does what Lightning does with it without the shim (the same exit, and the
     same rest of the program), not a JIT stop and not death by the signal.
     """
-    args = ["--num-workers", "2", "--persistent-workers", "--max-steps", "200"]
+    args = ["--num-workers", "2", "--persistent-workers", "--workers-start", "spawn"]
+    args += ["--max-steps", "200"]
     runs = {}
     for name, env in (
         ("plain", shim_env.without_shim()),
@@ -128,7 +131,7 @@ def test_train_data_that_cannot_resume_exactly_gets_no_checkpoint_and_lightnings
     code, output = runs["shim"]
     assert code == runs["plain"][0], output[-3000:]
     assert ("fit() returned" in output) == ("fit() returned" in runs["plain"][1])
-    reason = "persistent DataLoader workers"
+    reason = "persistent DataLoader workers started by 'spawn'"
     assert_stood_down(output, reason, "rank 0 step 1\n", shim_env.checkpoints)
 
 

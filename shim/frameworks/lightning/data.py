@@ -31,12 +31,22 @@ node) would hand it epoch 0's order: ``stale`` tells, once Lightning set the
 epoch, and the integration makes the iterator again, as Lightning itself does
 at every later epoch's start.
 
+Persistent workers (``persistent_workers=True``) carry their generators over
+from epochs a resumed run does not replay, so they are followed instead
+(``workerstates``, as in a plain loop): a checkpoint also records each
+worker's states as of the first batch the loop has not taken, the iterator's
+base seed and the samplers' epochs; the resumed epoch's iterator is made with
+that seed, its workers start from those states, it passes over the batches
+taken without reading them, and the samplers' epochs are set before it draws
+its order (so it never has to be made again: a persistent iterator's workers
+cannot be started over).
+
 The generators are Python's ``random``, numpy's legacy global one (when numpy
 is loaded), torch's CPU and CUDA ones, and every ``torch.Generator`` the
 DataLoader or its samplers hold. What this cannot resume exactly (``problem``,
-``problem_with``): persistent workers (their generators carry over from
-epochs the resumed run does not replay), an ``IterableDataset``, more than
-one train DataLoader, and a train data source that is no ``DataLoader``; the
+``problem_with``): persistent workers that cannot be followed
+(``workerstates.problem``), an ``IterableDataset``, more than one train
+DataLoader, and a train data source that is no ``DataLoader``; the
 integration then serves no checkpoint at all.
 """
 
@@ -47,7 +57,7 @@ import sys
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from ... import dataloaders, rngstate
+from ... import dataloaders, rngstate, workerstates
 from ...log import failed, say, say_once
 
 # The version of what ``Position.record`` returns (a rank's file in the checkpoint).
@@ -98,6 +108,9 @@ class Resume:
         at_first: Optional[Dict[str, Any]] = None,
         skip: int = 0,
         next_epoch: bool = False,
+        *,
+        workers: Optional[Dict[str, Any]] = None,
+        sampler_epochs: Optional[List[Any]] = None,
     ) -> None:
         self.states = states  # the step boundary's states
         self.at_iter = at_iter  # when the epoch's iterator is made
@@ -108,6 +121,10 @@ class Resume:
         # The checkpoint ended its epoch: the next iterator starts the next one from ``states``.
         self.next_epoch = next_epoch
         self.applied = False  # a DataLoader iterator took it up
+        # Persistent workers: their states (``workerstates.record``), for the next iterator
+        # only; the samplers' epochs to set before it draws its order.
+        self.workers = workers
+        self.sampler_epochs = sampler_epochs
 
 
 class ResumableSampler:
@@ -167,6 +184,7 @@ class Position:
         self.samplers: List[Any] = []  # the wrapped loader's samplers (their epochs)
         self.drawn: Optional[List[Any]] = None  # their epochs when the iterator drew its order
         self.problem: Optional[str] = None  # why the train data cannot be resumed exactly
+        self._loader: Callable[[], Any] = _nobody  # the wrapped DataLoader (persistent workers)
 
     # -- the train DataLoader ---------------------------------------------------
     def wrap(self, loader: Any) -> Any:
@@ -187,7 +205,10 @@ class Position:
         self.workers = loader.num_workers > 0
         self.persistent = bool(loader.persistent_workers and self.workers)
         if self.persistent:
-            self.problem = dataloaders.PERSISTENT_WORKERS
+            self.problem = workerstates.problem(loader)
+            if self.problem is None:
+                self._loader = weakref.ref(loader)
+                workerstates.follow(loader, self._pending_workers)
         name = _sampler_name(loader)
         inner = getattr(loader, name)
         if not isinstance(inner, ResumableSampler):
@@ -196,6 +217,26 @@ class Position:
             # DataLoader refuses to set its samplers after __init__; this is the only way in.
             object.__setattr__(loader, name, ResumableSampler(inner, self))
         return loader
+
+    def _pending_workers(self) -> Optional[workerstates.Resume]:
+        """For ``workerstates``: how the persistent workers' next iterator resumes (once)."""
+        pending = self.pending
+        if pending is None or pending.workers is None:
+            return None
+        saved, pending.workers = pending.workers, None
+        try:
+            return workerstates.Resume(saved, 0 if pending.next_epoch else pending.skip)
+        except Exception as exc:
+            failed("resuming the persistent DataLoader workers", exc)
+            return None
+
+    def _set_epochs(self, pending: Resume) -> None:
+        """Set the samplers' epochs a resumed persistent iterator draws its order for, before it
+        draws it (Lightning sets the same ones later, at the epoch's start)."""
+        epochs, pending.sampler_epochs = pending.sampler_epochs, None
+        for sampler, epoch in zip(self.samplers, epochs or []):
+            if isinstance(epoch, int) and callable(getattr(sampler, "set_epoch", None)):
+                sampler.set_epoch(epoch + 1 if pending.next_epoch else epoch)
 
     def follows(self, loaders: List[Any]) -> bool:
         """Whether the records can be exact for these data sources (one wrapped DataLoader)."""
@@ -245,6 +286,8 @@ class Position:
         self.drawn = None
         try:
             pending = self.pending
+            if pending is not None and pending.sampler_epochs is not None:
+                self._set_epochs(pending)
             if pending is not None and pending.next_epoch and self.persistent:
                 # An uninterrupted run resets its iterator here without drawing a worker
                 # seed; this fresh one draws one: the states go back after it.
@@ -267,6 +310,10 @@ class Position:
         except Exception as exc:
             failed("restoring the data loader's epoch start", exc)
         if pending is None or not pending.follows_data:
+            return 0
+        if self.persistent:
+            # The iterator passes over the batches taken (``workerstates``); the step
+            # boundary's states go back when training takes its first batch.
             return 0
         pending.applied = True
         return pending.skip
@@ -310,6 +357,15 @@ class Position:
     ) -> Dict[str, Any]:
         """This rank's part of a checkpoint (``torch.save``-able, loadable with weights only)."""
         exact = self.follows(loaders) and self.at_iter is not None and self.at_first is not None
+        workers = None
+        if self.persistent:
+            loader = self._loader()
+            iterator = loader.__dict__.get("_iterator") if loader is not None else None
+            workers = workerstates.record(iterator, consumed)
+            if workers is not None and epoch_done:
+                workers["first"] = False  # the next epoch resets the iterator, draws no seed
+            exact = exact and workers is not None
+            epoch_done = epoch_done and workers is not None
         if not (exact or epoch_done):
             say_once(
                 "data-inexact",
@@ -325,6 +381,8 @@ class Position:
             "at_iter": self.at_iter if exact else None,
             "at_first": self.at_first if exact else None,
             "states": rngstate.capture_with(self.generators),
+            "workers": workers,
+            "sampler_epochs": self.drawn if workers is not None else None,
         }
 
     def resume_from(self, record: Dict[str, Any]) -> None:
@@ -333,11 +391,17 @@ class Position:
             say_once("record-version", "unknown data position record: not restoring it")
             return
         states = record["states"]
+        workers, epochs = record.get("workers"), record.get("sampler_epochs")
         if record["epoch_done"]:
             # The next iterator starts the next epoch, from the step boundary's states.
-            self.pending = Resume(states, at_iter=states, next_epoch=True)
+            self.pending = Resume(
+                states, at_iter=states, next_epoch=True, workers=workers, sampler_epochs=epochs
+            )
         elif record["exact"]:
-            self.pending = Resume(states, record["at_iter"], record["at_first"], record["consumed"])
+            self.pending = Resume(
+                states, record["at_iter"], record["at_first"], record["consumed"],
+                workers=workers, sampler_epochs=epochs,
+            )  # fmt: skip
             say(
                 "the train DataLoader continues epoch %d after its batch %d, as the run stopped"
                 % (record["epoch"], record["consumed"])

@@ -51,6 +51,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--accumulate-grad-batches", type=int, default=1)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--persistent-workers", action="store_true")
+    parser.add_argument(
+        "--workers-start", choices=["fork", "spawn"], default=None, help="multiprocessing_context"
+    )
     parser.add_argument("--noise", type=float, default=0.05, help="augmentation noise scale")
     parser.add_argument("--max-epochs", type=int, default=None)
     parser.add_argument("--schedule", choices=["step", "onecycle"], default="step")
@@ -196,6 +199,7 @@ def main() -> int:
         shuffle=True,
         num_workers=args.num_workers,
         persistent_workers=args.persistent_workers,
+        multiprocessing_context=args.workers_start,
     )
     val = DataLoader(
         NoisyPoints(args.samples // 4, args.seed + 1, args.noise), batch_size=args.batch_size

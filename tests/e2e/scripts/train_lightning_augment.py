@@ -62,13 +62,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--persistent", action="store_true", help="persistent_workers=True")
     parser.add_argument("--output", default="lightning_augment.pt")
     nodes = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     parser.add_argument("--num-nodes", type=int, default=nodes)
     args = parser.parse_args()
 
     pl.seed_everything(42, workers=True)
-    loader = DataLoader(AugmentedPoints(160), batch_size=8, shuffle=True, num_workers=args.workers)
+    loader = DataLoader(
+        AugmentedPoints(160),
+        batch_size=8,
+        shuffle=True,
+        num_workers=args.workers,
+        persistent_workers=args.persistent,
+    )
     model = Classifier()
     strategy = "ddp" if args.num_nodes > 1 else "auto"
     trainer = pl.Trainer(
