@@ -59,6 +59,8 @@ from . import ownplace, rngstate, workerstates
 
 ATTR_TRACK = "_jitckpt_track"
 ATTR_POSITION = "_jitckpt_position"
+# In a look-ahead record: the loader's generators after the read (older records lack it).
+GENERATORS_AFTER = "generators_after"
 ATTR_CATCH_UP = "_jitckpt_catch_up"  # (batches, then) for an iterator's first batch request
 NO_BATCH = (
     "an optimizer step came without a new batch from a DataLoader "
@@ -637,12 +639,21 @@ class Tracker:
             settle, position.settle = position.settle, None
             settle()
         self.listener.before_batch(position, iterator)
+        # The read a shard made ahead of the save point is made again from the states it was
+        # made from; then the global states go back to the step's (put back above), and the
+        # loader's own generators to what they held at the save, after that read: the index
+        # requests that draw from them (a pass's last one draws a sampler's remainder) come
+        # with the reads with workers, but were all made while catching up without.
         lookahead, position.lookahead = position.lookahead, None
         after: Optional[Dict[str, Any]] = None
         before: Optional[Dict[str, Any]] = None
         if lookahead is not None:
             after = rngstate.capture_with(position.generators)
-            rngstate.restore_with(lookahead, position.generators)
+            drawn = lookahead.get(GENERATORS_AFTER)
+            if drawn is not None:
+                after["generators"] = drawn
+            before = {key: lookahead[key] for key in ("rng", "generators")}
+            rngstate.restore_with(before, position.generators)
         elif not position.counts:
             before = rngstate.capture_with(position.generators)
         try:
@@ -656,7 +667,7 @@ class Tracker:
                 rngstate.restore_with(after, position.generators)
         if position.counts:
             self._took(position)
-        elif lookahead is None:
+        else:
             position.before_fetch = before
         return batch
 
@@ -722,8 +733,7 @@ class Tracker:
             going_on = position is trigger or (
                 track.index in self.in_last_step and not position.exhausted
             )
-            inner = position.inner
-            lookahead = inner.before_fetch if going_on and inner is not None else None
+            lookahead = _lookahead(position.inner) if going_on else None
             saved.append(
                 {
                     "index": track.index,
@@ -757,13 +767,12 @@ class Tracker:
         position = track.current if track is not None else None
         if track is None or position is None or position.start is None:
             return None
-        inner = position.inner
         return {
             "signature": track.signature,
             "start": position.start,
             "yielded": position.yielded,
             "exhausted": position.exhausted,
-            "lookahead": inner.before_fetch if inner is not None else None,
+            "lookahead": _lookahead(position.inner),
             "workers": _worker_states(track, position),
         }
 
@@ -840,6 +849,15 @@ def _own_state(track: LoaderTrack) -> Optional[Dict[str, Any]]:
     if adapter is not None and track.own == ownplace.LOADER:
         return dict(adapter.state_dict())
     return ownplace.state(loader, track.own)
+
+
+def _lookahead(inner: Optional[Position]) -> Optional[Dict[str, Any]]:
+    """The states a shard's read ahead of the save point was made from, and its loader's
+    generators as that read left them (what they hold now, at the save)."""
+    if inner is None or inner.before_fetch is None:
+        return None
+    drawn = [generator.get_state() for generator in inner.generators]
+    return {**inner.before_fetch, GENERATORS_AFTER: drawn}
 
 
 def _worker_states(track: LoaderTrack, position: Position) -> Optional[Dict[str, Any]]:

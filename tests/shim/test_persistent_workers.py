@@ -232,3 +232,78 @@ def test_persistent_workers_under_accelerates_prepared_loader_are_followed() -> 
     answer = _answer(ACCELERATE_FOLLOWED)
     assert answer["problem"] is None
     assert answer["workers"] == [0, 1]
+
+
+SHARD_REPLAY = (
+    JITTER
+    + """
+import io
+import accelerate.data_loader
+from accelerate import Accelerator
+
+dataloaders.install_accelerate(accelerate.data_loader)
+EPOCHS, BATCHES = 3, 10
+workers, persistent = int(sys.argv[3]), sys.argv[4] == "persistent"
+
+
+def make():
+    # A loader with a generator of its own: its shuffle (and, with workers, their base
+    # seed) draws from it; 40 samples, batch 4: the sampler's remainder is drawn as the
+    # pass's last index is asked for.
+    return Accelerator(cpu=True).prepare(DataLoader(
+        Jitter(), batch_size=4, shuffle=True, num_workers=workers,
+        persistent_workers=persistent, worker_init_fn=seed_worker if workers else None,
+        generator=torch.Generator().manual_seed(5)))
+
+
+def train(loader, epochs, at=None):
+    seen, record = [], None
+    for epoch in range(epochs):
+        for number, batch in enumerate(loader):
+            seen.append(batch + torch.rand(1, dtype=torch.float64))  # the step's own draw
+            if (epoch, number) == at:
+                record = {"loader": dataloaders.TRACKER.record(loader),
+                          "rng": dataloaders.rngstate.capture()}
+    return seen, record
+
+
+epoch, number = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(0)
+reference, record = train(make(), EPOCHS, (epoch, number))
+buffer = io.BytesIO()
+torch.save(record, buffer)
+buffer.seek(0)
+record = torch.load(buffer, weights_only=True)
+
+torch.manual_seed(99)
+random.seed(99)
+resumed_loader = make()
+assert dataloaders.TRACKER.arm(
+    resumed_loader, record["loader"], lambda: dataloaders.rngstate.restore(record["rng"])
+)
+resumed, _ = train(resumed_loader, EPOCHS - epoch)
+expected = reference[epoch * BATCHES + number + 1:]
+print(json.dumps({
+    "count": [len(resumed), len(expected)],
+    "equal": [torch.equal(a, b) for a, b in zip(resumed, expected)],
+}))
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("workers", "kind", "batch"),
+    [(0, "fresh", 9), (2, "fresh", 5), (2, "persistent", 5), (2, "persistent", 8)],
+)
+def test_a_resume_through_accelerates_shard_gets_the_next_epochs_shuffles_right(
+    workers: int, kind: str, batch: int
+) -> None:
+    """Accelerate's shard reads a batch ahead: that read is made again from the states it was
+    made from, and the loader's own generator is left as the first run's read left it. A
+    read draws from it when it asks for the pass's last index (the sampler's remainder):
+    with workers, index requests run ahead of the reads and a stop in the middle of the pass
+    is such a read; without, the stop at the pass's last batch. Put back as it was before
+    the read, every later epoch's shuffle would differ."""
+    result = _answer(SHARD_REPLAY, "0", str(batch), str(workers), kind)
+    assert result["count"][0] == result["count"][1] > 0
+    assert all(result["equal"]), result["equal"]
