@@ -104,13 +104,12 @@ def local_overlay(directory: Path, url: str, ca_bundle: bytes, overlay: Path = O
 
 def render(overlay: Path) -> list[dict[str, Any]]:
     """``kubectl kustomize OVERLAY``: the objects ``apply -k`` sends."""
-    out = subprocess.run(
-        [kubectl(), "kustomize", str(overlay)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    return _documents([kubectl(), "kustomize", str(overlay)])
+
+
+def _documents(argv: list[str]) -> list[dict[str, Any]]:
+    """The YAML documents ``argv`` prints (its error, in ``stderr``, raised)."""
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -125,14 +124,7 @@ def render_chart(
     sets = [f"--set={key}={value}" for key, value in (values or {}).items()]
     version = pinned_version(*MODULES["kube-apiserver"])
     argv = [str(binary("helm")), "template", "jitckpt", str(chart), f"--namespace={namespace}"]
-    out = subprocess.run(
-        [*argv, f"--kube-version={version}", *sets],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return _documents([*argv, f"--kube-version={version}", *sets])
 
 
 @dataclass

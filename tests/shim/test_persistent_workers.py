@@ -139,17 +139,13 @@ def _answer(script: str, *args: str) -> Any:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-PERSISTENT_REPLAY = (
-    JITTER
-    + """
+# Train EPOCHS epochs over ``make()``, a record taken after batch ``argv[2]`` of epoch
+# ``argv[1]`` (saved and read back as a checkpoint is); a new loader armed with it trains on:
+# are its batches the uninterrupted run's from there, the later epochs' too?
+RESUMED_EQUALS_UNINTERRUPTED = """
 import io
 
 EPOCHS, BATCHES = 3, 10
-
-
-def make():
-    return DataLoader(Jitter(), batch_size=4, shuffle=True, num_workers=2,
-                      persistent_workers=True, worker_init_fn=seed_worker)
 
 
 def train(loader, epochs, at=None):
@@ -185,6 +181,16 @@ print(json.dumps({
     "equal": [torch.equal(a, b) for a, b in zip(resumed, expected)],
 }))
 """
+
+PERSISTENT_REPLAY = (
+    JITTER
+    + """
+
+def make():
+    return DataLoader(Jitter(), batch_size=4, shuffle=True, num_workers=2,
+                      persistent_workers=True, worker_init_fn=seed_worker)
+"""
+    + RESUMED_EQUALS_UNINTERRUPTED
 )
 
 
@@ -237,12 +243,10 @@ def test_persistent_workers_under_accelerates_prepared_loader_are_followed() -> 
 SHARD_REPLAY = (
     JITTER
     + """
-import io
 import accelerate.data_loader
 from accelerate import Accelerator
 
 dataloaders.install_accelerate(accelerate.data_loader)
-EPOCHS, BATCHES = 3, 10
 workers, persistent = int(sys.argv[3]), sys.argv[4] == "persistent"
 
 
@@ -254,40 +258,8 @@ def make():
         Jitter(), batch_size=4, shuffle=True, num_workers=workers,
         persistent_workers=persistent, worker_init_fn=seed_worker if workers else None,
         generator=torch.Generator().manual_seed(5)))
-
-
-def train(loader, epochs, at=None):
-    seen, record = [], None
-    for epoch in range(epochs):
-        for number, batch in enumerate(loader):
-            seen.append(batch + torch.rand(1, dtype=torch.float64))  # the step's own draw
-            if (epoch, number) == at:
-                record = {"loader": dataloaders.TRACKER.record(loader),
-                          "rng": dataloaders.rngstate.capture()}
-    return seen, record
-
-
-epoch, number = int(sys.argv[1]), int(sys.argv[2])
-torch.manual_seed(0)
-reference, record = train(make(), EPOCHS, (epoch, number))
-buffer = io.BytesIO()
-torch.save(record, buffer)
-buffer.seek(0)
-record = torch.load(buffer, weights_only=True)
-
-torch.manual_seed(99)
-random.seed(99)
-resumed_loader = make()
-assert dataloaders.TRACKER.arm(
-    resumed_loader, record["loader"], lambda: dataloaders.rngstate.restore(record["rng"])
-)
-resumed, _ = train(resumed_loader, EPOCHS - epoch)
-expected = reference[epoch * BATCHES + number + 1:]
-print(json.dumps({
-    "count": [len(resumed), len(expected)],
-    "equal": [torch.equal(a, b) for a, b in zip(resumed, expected)],
-}))
 """
+    + RESUMED_EQUALS_UNINTERRUPTED
 )
 
 
