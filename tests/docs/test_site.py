@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools.docsgen import flow
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -45,6 +47,12 @@ def test_the_site_builds_strict_with_every_page(tmp_path: Path) -> None:
         assert (site / page / "index.html").is_file(), page
     quickstart = (site / "quickstart" / "index.html").read_text()
     assert "--preempt-at-step" in quickstart  # the flag table, filled in from the demo's parser
+    # The drawing of the flow, made at the build (never stored in docs/), shown by two pages.
+    assert (site / "assets" / "flow.svg").read_text() == flow.render()
+    assert not (ROOT / "docs" / "assets" / "flow.svg").exists()
+    internals = (site / "internals" / "index.html").read_text()
+    assert 'src="../assets/flow.svg"' in internals
+    assert 'src="assets/flow.svg"' in (site / "index.html").read_text()
 
 
 def test_troubleshooting_names_every_skip_reason_as_the_code_spells_it() -> None:

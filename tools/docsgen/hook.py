@@ -1,7 +1,8 @@
 """The MkDocs hook (``hooks:`` in ``mkdocs.yml``) that adds the generated pages at every build.
 
-The pages exist only in the build, never as files in ``docs/``, so there is no
-copy that could fall behind the code. A name the code defines with no
+The pages, and the drawing of the flow they show (``flow.py``), exist only in
+the build, never as files in ``docs/``, so there is no copy that could fall
+behind the code. A name the code defines with no
 explanation stops the build (with ``--strict`` or not): the page would
 otherwise ship a row that says nothing. Run from the repository root with
 ``python -m mkdocs`` (``make docs``), so that ``tools`` and the project's
@@ -17,7 +18,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-from tools.docsgen import demo_flags, matrix, messages_page, metrics_page, settings_page
+from tools.docsgen import demo_flags, flow, matrix, messages_page, metrics_page, settings_page
 
 # The hand-written page that holds the demo's flag table at demo_flags.MARKER.
 QUICKSTART = "quickstart.md"
@@ -27,6 +28,10 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/messages.md": messages_page.render,
     "reference/metrics.md": metrics_page.render,
     "compatibility.md": matrix.render,
+}
+# The generated files the pages show (as images), made at every build as the pages are.
+ASSETS: dict[str, Callable[[], str]] = {
+    "assets/flow.svg": flow.render,
 }
 
 
@@ -44,11 +49,11 @@ def problems() -> list[str]:
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    """Add each generated page, once every name in it has its explanation."""
+    """Add each generated page, once every name in it has its explanation, and each asset."""
     unexplained = problems()
     if unexplained:
         raise PluginError("generated docs pages are incomplete:\n  " + "\n  ".join(unexplained))
-    for path, render in PAGES.items():
+    for path, render in {**PAGES, **ASSETS}.items():
         files.append(File.generated(config, path, content=render()))
     return files
 
