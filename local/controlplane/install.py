@@ -64,13 +64,17 @@ def kubectl() -> str:
     return found
 
 
-def run_kubectl(cluster: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    """``kubectl ARGS`` as the cluster's administrator; its stdout."""
+def run_kubectl(
+    cluster: ControlPlane, *args: str, stdin: str | None = None, check: bool = True
+) -> str:
+    """``kubectl ARGS`` as the cluster's administrator; its stdout (``check``: a failure
+    raised; without it, the stdout of a command whose exit status is its answer, as
+    ``auth can-i``'s)."""
     argv = [kubectl(), f"--kubeconfig={cluster.kubeconfig}", *args]
     done = subprocess.run(
         argv, check=False, input=stdin, capture_output=True, text=True, timeout=120
     )
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         raise ControlPlaneError(f"{' '.join(argv[1:])} failed: {done.stderr.strip()}")
     return done.stdout
 

@@ -152,6 +152,15 @@ def jit_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if "[jitckpt]" in line]
 
 
+def assert_attached_once(output: str, what: str, checkpoints: Path) -> None:
+    """The one line each framework prints when jitckpt takes the run on (docs/ml/index.md,
+    "Is my job protected?"): what it follows, named ``what``, and where checkpoints go."""
+    lines = [line for line in jit_lines(output) if ": attached to " in line]
+    assert len(lines) == 1, jit_lines(output)
+    assert what in lines[0], lines[0]
+    assert f"checkpoints are written to {checkpoints}" in lines[0], lines[0]
+
+
 def assert_stood_down(output: str, reason: str, first_step: str, checkpoints: Path) -> None:
     """The shim refused the run once, giving ``reason``, before ``first_step`` was printed,
     and wrote no JIT checkpoint: a run no resume could get right."""

@@ -26,7 +26,16 @@ import torch
 
 from shim import asyncsave, devicetags, writerproc
 from shim.layout import ENV_DEMO_HOLD_AT_STEP
-from tests.shim.support import PYTHON, TORCHRUN, TRAIN_TINY, Proc, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.support import (
+    PYTHON,
+    TORCHRUN,
+    TRAIN_TINY,
+    Proc,
+    ShimEnv,
+    Spawn,
+    assert_attached_once,
+    checkpoint_steps,
+)
 from tests.shim.test_trainer import assert_same_weights
 from tests.shim.test_with_agent import uploaded
 from tests.sidecar.agentproc import AgentProcess
@@ -121,6 +130,7 @@ def test_background_save_writes_what_hf_writes_and_resumes_bitwise(
     )
     assert background.wait() == 0, background.output()
     output = background.output()
+    assert_attached_once(output, "HF Trainer (transformers ", shim_env.checkpoints)
     assert "periodic checkpoints are written behind the training loop" in output
     for step in (3, 6, 9):
         assert f"checkpoint-{step} written behind the training loop" in output

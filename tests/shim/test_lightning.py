@@ -20,6 +20,7 @@ from tests.shim.support import (
     Proc,
     ShimEnv,
     Spawn,
+    assert_attached_once,
     assert_stood_down,
     checkpoint_steps,
     jit_lines,
@@ -80,6 +81,7 @@ def test_stop_at_epoch_end_exits_143_and_resume_is_bitwise(
     assert cut.wait() == 143, cut.output()[-3000:]
     output = cut.output()
     assert f"stopping at step {step} for a JIT checkpoint" in output
+    assert_attached_once(output, "Lightning (lightning.pytorch ", shim_env.checkpoints)
     if "--no-validate" not in extra:
         assert "saving once the validation ended" in output
     assert "fit() returned" not in output and not (tmp_path / "cut" / "final.ckpt").exists()

@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from local.demo.weights import compare_saved
-from tests.shim.support import PYTHON, REPO, ShimEnv, Spawn, checkpoint_steps
+from tests.shim.support import (
+    PYTHON,
+    REPO,
+    ShimEnv,
+    Spawn,
+    assert_attached_once,
+    checkpoint_steps,
+)
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "e2e" / "scripts"
 SHUFFLED = SCRIPTS / "loop_shuffled.py"
@@ -61,6 +68,7 @@ def test_shuffled_loop_with_workers_and_dropout_resumes_bitwise(
     cut.signal(signal.SIGTERM)
     assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
     assert "training finished" not in cut.output() and not (tmp_path / "cut.pt").exists()
+    assert_attached_once(cut.output(), "this training loop: 1 module(s)", shim_env.checkpoints)
     assert checkpoint_steps(shim_env.checkpoints) == [step]
     state_dir = shim_env.checkpoints / f"checkpoint-{step}" / "loop-state"
     assert sorted(p.name for p in state_dir.iterdir()) == ["node-0.json", "rank-00000.pt"]
@@ -97,6 +105,7 @@ def test_accelerate_loop_stopped_at_an_epoch_end_resumes_bitwise(
     cut.wait_for("holding at step 8 ", timeout=180)  # 24 batches, 3 per step: an epoch's end
     cut.signal(signal.SIGTERM)
     assert cut.wait(timeout=120) == 143, cut.output()[-3000:]
+    assert_attached_once(cut.output(), "this training loop: ", shim_env.checkpoints)
     resumed = spawn([*args, "--output", str(tmp_path / "resumed.pt")], shim_env.env)
     assert resumed.wait(timeout=180) == 0, resumed.output()[-3000:]
     assert "resumed at step 8: DataLoader #1, pass 0, after batch 24" in resumed.output()
