@@ -1,0 +1,704 @@
+"""Red Hat OpenShift AI's JIT checkpointing as a bench subject, beside jitckpt.
+
+The peer is the instrumentation of OpenShift AI's fork of the Kubeflow SDK
+(`kubeflow/trainer/rhai/` of opendatahub-io/kubeflow-sdk). It is never copied
+here: the bench reads it from a checkout whose root is given by `--rhai-path`
+or `JITCKPT_BENCH_RHAI`; without one the subject is absent, said so, and
+skipped. Its code runs unchanged, assembled the way the SDK assembles a pod's
+script: the SDK's own `get_jit_checkpoint_injection_code` (taken from the
+checkout's `transformers.py`, without importing the SDK's Kubernetes client
+side) builds the header and footer around the user's function, and the
+function is the same HF Trainer run the other subjects train
+(bench/workload.py). Its S3 settings are what a data connection puts in the
+pod: `AWS_S3_ENDPOINT` (which its code reads) and the credentials, pointed at
+the embedded S3 server; it writes through fsspec/s3fs.
+
+What it does with SIGTERM, read from that code: each rank's own handler sets a
+flag; at the next `on_step_end` that rank saves through `Trainer._save_checkpoint`,
+its `on_save` moves the checkpoint into a staging directory, writes an
+incomplete-marker object, uploads in a background thread and removes the
+marker; `on_train_end` waits for the uploads and exits. Durable for it is what
+its own resume takes (`on_init_end`): the newest `checkpoint-N` in the store
+with no marker in it (`complete_step`).
+
+Measured (`python -m bench.rhai --rhai-path CHECKOUT`), each subject the same
+number of times, alternating: SIGTERM after step 3 to durable in the store
+(jitckpt: its commit record, as bench/sigterm_to_durable.py), and whether the
+resume is exact: a run stopped after step 3 and resumed by a new process with
+an empty local volume, to its end, its final weights compared bit for bit
+with the same run uninterrupted.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib.util
+import inspect
+import os
+import re
+import signal
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from bench import harness
+from bench.harness import BenchOptions
+from bench.results import Case, Series
+from bench.training_run import ModelShape, wait_for_step, workload_argv
+from local.background import Background
+
+NAME = "rhai"
+ENV_PATH = "JITCKPT_BENCH_RHAI"
+BUCKET = "bench-rhai"
+RHAI_PREFIX = "rhai"
+JITCKPT = "jitckpt"
+RHAI = "OpenShift AI JIT (kubeflow-sdk rhai)"
+SUBJECTS = (JITCKPT, RHAI)
+# Where the SDK's code lives in a checkout of opendatahub-io/kubeflow-sdk.
+PACKAGE = Path("kubeflow") / "trainer" / "rhai"
+CHECKPOINT_MODULE = PACKAGE / "instrumentation" / "transformers_checkpoint.py"
+CODEGEN_MODULE = PACKAGE / "transformers.py"
+CONSTANTS_MODULE = PACKAGE / "constants.py"
+CODEGEN_FUNCTION = "get_jit_checkpoint_injection_code"
+CONSTANTS_IMPORT = "kubeflow.trainer.rhai.constants"
+# The marker its code writes, locally and as an object (constants.py of the SDK); a test
+# checks the checkout still names it so, read from the checkout when one is given.
+INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"
+SIGTERM_AFTER_STEP = 3
+# A pod's terminationGracePeriodSeconds: SIGKILL if the process is still there after it
+# (the jitckpt node's default, bench/jitckpt_node.py).
+GRACE_SECONDS = 300.0
+EXACT_MAX_STEPS = 10
+MB = 1_000_000
+CHECKPOINT = re.compile(r"(?:^|/)checkpoint-(\d+)/(.+)$")
+
+# The user's function, as a user of the SDK writes it: the SDK puts its source between its
+# header and footer, then a call of it. It runs the same training as every other subject.
+USER_FUNCTION = """
+def train_bench_workload():
+    import sys
+
+    from bench.workload import main
+
+    sys.argv = {argv!r}
+    main()
+"""
+
+
+class Absent(Exception):
+    """No checkout of the peer was given, or it lacks the SDK's instrumentation."""
+
+
+def checkout_from(path: str | None, env: dict[str, str] | None = None) -> Path | None:
+    """The peer's checkout: ``path`` (the flag), else ``JITCKPT_BENCH_RHAI``, else None."""
+    chosen = path or (os.environ if env is None else env).get(ENV_PATH) or None
+    return Path(chosen) if chosen else None
+
+
+def check_checkout(checkout: Path | None) -> Path:
+    """The checkout if it holds the SDK's instrumentation; `Absent` saying why if not."""
+    if checkout is None:
+        raise Absent(f"no checkout of opendatahub-io/kubeflow-sdk given (--rhai-path, {ENV_PATH})")
+    for part in (CHECKPOINT_MODULE, CODEGEN_MODULE, CONSTANTS_MODULE):
+        if not (checkout / part).is_file():
+            raise Absent(f"{checkout} has no {part}: not a kubeflow-sdk checkout with rhai/")
+    return checkout
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    """A module of the checkout loaded from its file alone: importing `kubeflow.trainer`
+    would pull in the SDK's Kubernetes client side, which the pod's script never runs."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise Absent(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _codegen(checkout: Path) -> Any:
+    """The SDK's own `get_jit_checkpoint_injection_code`, from its source in the checkout,
+    so the header and footer are exactly what the SDK would put in the pod's script.
+
+    The function is compiled alone (its module imports the SDK's client side); the names it
+    uses from its module are given to it, and its one import inside (the constants) is
+    answered with the checkout's constants module."""
+    constants = _load(checkout / CONSTANTS_MODULE, "_bench_rhai_constants")
+    instrumentation = _load(checkout / CHECKPOINT_MODULE, "_bench_rhai_transformers_checkpoint")
+    source_path = checkout / CODEGEN_MODULE
+    source = source_path.read_text()
+    found = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name == CODEGEN_FUNCTION
+    ]
+    if not found:
+        raise Absent(f"{source_path} defines no {CODEGEN_FUNCTION}")
+    segment = ast.get_source_segment(source, found[0])
+    if segment is None:
+        raise Absent(f"cannot read {CODEGEN_FUNCTION} from {source_path}")
+
+    def answer_import(
+        name: str,
+        globals: dict[str, Any] | None = None,
+        locals: dict[str, Any] | None = None,
+        fromlist: Sequence[str] = (),
+        level: int = 0,
+    ) -> Any:
+        if name == CONSTANTS_IMPORT:
+            return constants
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    namespace: dict[str, Any] = {
+        "__builtins__": dict(vars(builtins), __import__=answer_import),
+        "__name__": "_bench_rhai_codegen",
+        "inspect": inspect,
+        "textwrap": textwrap,
+        "_create_checkpoint_instrumentation": instrumentation._create_checkpoint_instrumentation,
+    }
+    exec(compile(segment, str(source_path), "exec"), namespace)
+    return namespace[CODEGEN_FUNCTION]
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """The SDK's `PeriodicCheckpointConfig` as its codegen receives it (a dict); its
+    defaults (save_total_limit 3) where the bench does not choose."""
+
+    save_strategy: str = "no"
+    save_steps: int | None = None
+    save_total_limit: int | None = 3
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "save_strategy": self.save_strategy,
+            "save_steps": self.save_steps,
+            "save_total_limit": self.save_total_limit,
+        }
+
+
+def script(
+    checkout: Path, argv: Sequence[str], output_dir: Path, remote_uri: str, periodic: Periodic
+) -> str:
+    """The pod's script as the SDK writes it for `TransformersTrainer(output_dir="s3://...")`:
+    the header, the user's function and its call, the footer. ``output_dir``: the local
+    staging directory (the SDK's emptyDir mount); ``argv``: the workload's arguments."""
+    header, footer = _codegen(checkout)(
+        output_dir=str(output_dir),
+        cloud_remote_storage_uri=remote_uri,
+        periodic_checkpoint_config=periodic.as_dict(),
+        enable_jit_checkpoint=True,
+        verify_cloud_storage_access=True,
+        verify_cloud_storage_ssl=True,
+    )
+    function = textwrap.dedent(USER_FUNCTION.format(argv=["bench.workload", *argv]))
+    return f"{header}\n\n{function}\ntrain_bench_workload()\n\n\n{footer}"
+
+
+def complete_step(keys: Iterable[str], prefix: str = RHAI_PREFIX) -> int | None:
+    """The step of the checkpoint the peer's resume would take from these object keys: the
+    newest `checkpoint-N` under ``prefix`` with no incomplete marker in it (its
+    `on_init_end`), or None."""
+    seen: dict[int, bool] = {}  # step -> has a marker
+    start = prefix.rstrip("/") + "/" if prefix else ""
+    for key in keys:
+        if not key.startswith(start):
+            continue
+        found = CHECKPOINT.match(key[len(start) :])
+        if found is None:
+            continue
+        step = int(found[1])
+        seen[step] = seen.get(step, False) or INCOMPLETE_MARKER in found[2]
+    complete = [step for step, marked in seen.items() if not marked]
+    return max(complete) if complete else None
+
+
+def _objects(client: Any, prefix: str) -> dict[str, int]:
+    """Key -> size of every object under ``prefix`` in the peer's bucket."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+    return {item["Key"]: item["Size"] for page in pages for item in page.get("Contents", [])}
+
+
+def _keys(client: Any, prefix: str) -> list[str]:
+    return list(_objects(client, prefix))
+
+
+def _stored_bytes(client: Any, prefix: str) -> int:
+    return sum(_objects(client, prefix).values())
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """One SIGTERM of the peer's trainer: when its checkpoint was durable, how it ended."""
+
+    seconds: float | None  # SIGTERM to a complete checkpoint in the store; None: never
+    trainer_exit_seconds: float
+    exit_code: int | None  # -9: killed at the end of the grace period
+    step: int | None  # the complete checkpoint's step
+    checkpoint_bytes: int
+
+
+def trainer_env(s3_env: dict[str, str]) -> dict[str, str]:
+    """The peer's trainer env: a data connection's keys, and bench/ importable by the
+    user's function (the pod's image would carry the user's code)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, **s3_env)
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = f"{root}:{existing}" if existing else root
+    return env
+
+
+def _preempt(trainer: Background, grace: float) -> tuple[float, int | None]:
+    """SIGTERM, then SIGKILL at the end of the grace period: (seconds to exit, code)."""
+    assert trainer.process is not None
+    started = time.monotonic()
+    os.kill(trainer.pid, signal.SIGTERM)
+    try:
+        code = trainer.process.wait(timeout=grace)
+    except Exception:  # the grace period is over: the kubelet's SIGKILL
+        trainer.process.kill()
+        code = trainer.process.wait(timeout=60)
+    return time.monotonic() - started, code
+
+
+def run_rhai(
+    checkout: Path,
+    work: Path,
+    shape: ModelShape,
+    s3_env: dict[str, str],
+    *,
+    grace: float = GRACE_SECONDS,
+) -> Preempted:
+    """The peer's trainer, SIGTERMed once step `SIGTERM_AFTER_STEP` has ended: from the
+    signal to a checkpoint its resume would take, polled every 50 ms."""
+    from bench.sigterm_to_durable import _s3_client
+
+    client = _s3_client(s3_env)
+    timeline_path = work / "timeline.jsonl"
+    output = work / "output"
+    path = work / "train.py"
+    path.write_text(
+        script(
+            checkout,
+            workload_argv(shape, output, timeline_path)[3:],
+            output,
+            f"s3://{BUCKET}/{RHAI_PREFIX}",
+            Periodic(),
+        )
+    )
+    argv = [sys.executable, str(path)]
+    with Background(argv, env=trainer_env(s3_env), log=work / "trainer.log") as trainer:
+        wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+        assert trainer.process is not None
+        started = time.monotonic()
+        os.kill(trainer.pid, signal.SIGTERM)
+        durable: float | None = None
+        step: int | None = None
+        deadline = started + grace
+        while time.monotonic() < deadline:
+            step = complete_step(_keys(client, RHAI_PREFIX))
+            if step is not None:
+                durable = time.monotonic() - started
+                break
+            if trainer.process.poll() is not None:
+                step = complete_step(_keys(client, RHAI_PREFIX))
+                if step is not None:
+                    durable = time.monotonic() - started
+                break
+            time.sleep(0.05)
+        try:
+            code = trainer.process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except Exception:
+            trainer.process.kill()
+            code = trainer.process.wait(timeout=60)
+        exited = time.monotonic() - started
+    return Preempted(durable, exited, code, step, _stored_bytes(client, RHAI_PREFIX))
+
+
+@dataclass(frozen=True)
+class OneOfTwo:
+    """A job of 2 nodes (torchrun each, gloo) of which only node 1's pod is SIGTERMed."""
+
+    step: int | None  # the complete checkpoint in the store at the end, None: none
+    exit_codes: tuple[int | None, int | None]  # node 0, node 1; -9: killed after the grace
+    killed: tuple[bool, bool]  # still running at the end of its grace period
+    last_steps: tuple[int | None, int | None]  # the last step each node ended
+    seconds: float  # SIGTERM to both nodes gone
+
+
+def one_of_two_rhai(
+    checkout: Path, work: Path, shape: ModelShape, s3_env: dict[str, str], grace: float
+) -> OneOfTwo:
+    """The peer's pods of one job, one preempted: its flag is that process's own, so node 1
+    saves at its next step end while node 0 trains on; what the store holds and how each
+    node ends within the grace period (node 0 gets none: it was not preempted, and is
+    killed only if still there when node 1's grace is over, as when the job is restarted)."""
+    from bench import timeline
+    from bench.sigterm_to_durable import _s3_client, _torchrun
+    from local.ports import free_port
+
+    port = free_port()
+    trainers = []
+    timelines = []
+    for rank in (0, 1):
+        here = work / f"node-{rank}"
+        here.mkdir()
+        timeline_path = here / "timeline.jsonl"
+        timelines.append(timeline_path)
+        output = here / "output"
+        argv = workload_argv(shape, output, timeline_path)[3:]
+        path = here / "train.py"
+        path.write_text(script(checkout, argv, output, f"s3://{BUCKET}/{RHAI_PREFIX}", Periodic()))
+        env = dict(trainer_env(s3_env), OMP_NUM_THREADS="1")
+        command = _torchrun(2, rank, port, [str(path)])
+        trainers.append(Background(command, env=env, log=here / "trainer.log").start())
+    try:
+        wait_for_step(trainers[0], timelines[0], SIGTERM_AFTER_STEP)
+        started = time.monotonic()
+        os.kill(trainers[1].pid, signal.SIGTERM)
+        deadline = started + grace
+        codes: list[int | None] = [None, None]
+        killed = [False, False]
+        for rank in (1, 0):
+            process = trainers[rank].process
+            assert process is not None
+            try:
+                codes[rank] = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception:
+                killed[rank] = True
+                os.killpg(os.getpgid(process.pid), signal.SIGKILL)
+                codes[rank] = process.wait(timeout=60)
+        gone = time.monotonic() - started
+    finally:
+        for trainer in trainers:
+            trainer.stop(timeout=10)
+    ends = [timeline.times(timeline.read(path), "step_end") for path in timelines]
+    last = tuple(max(e) if e else None for e in ends)
+    step = complete_step(_keys(_s3_client(s3_env), RHAI_PREFIX))
+    return OneOfTwo(step, (codes[0], codes[1]), (killed[0], killed[1]), (last[0], last[1]), gone)
+
+
+def weight_difference(ours: Path, reference: Path) -> float:
+    """The largest absolute difference between two `model.safetensors` files' tensors, 0.0
+    where they are bitwise equal; inf where their tensors' names or shapes differ."""
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(ours)), load_file(str(reference))
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        return float("inf")
+    worst = 0.0
+    for name, tensor in a.items():
+        if not torch.equal(tensor, b[name]):
+            delta = (tensor.double() - b[name].double()).abs().max().item()
+            worst = max(worst, delta if delta > 0 else float("inf"))  # NaN != NaN
+    return worst
+
+
+def _first_step(timeline_path: Path) -> int | None:
+    from bench import timeline
+
+    begun = timeline.times(timeline.read(timeline_path), "step_begin")
+    return min(begun) if begun else None
+
+
+def _final_weights(root: Path, step: int) -> Path:
+    found = sorted(root.rglob(f"checkpoint-{step}/model.safetensors"))
+    if not found:
+        raise RuntimeError(f"no checkpoint-{step}/model.safetensors under {root}")
+    return found[0]
+
+
+def uninterrupted(work: Path, shape: ModelShape, max_steps: int = EXACT_MAX_STEPS) -> Path:
+    """The reference: the same run to its end with no preemption and no checkpointing
+    product, its last step saved by HF; the path of that save's weights."""
+    output = work / "reference"
+    argv = workload_argv(
+        shape, output, work / "reference.jsonl", max_steps=max_steps, save_steps=max_steps
+    )
+    with Background(argv, env=dict(os.environ), log=work / "reference.log") as trainer:
+        assert trainer.process is not None
+        code = trainer.process.wait(timeout=600)
+    if code != 0:
+        raise RuntimeError(f"the uninterrupted run exited {code}")
+    return _final_weights(output, max_steps)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A run stopped after `SIGTERM_AFTER_STEP` and resumed by a new process to its end."""
+
+    resumed_at: int | None  # the first step the second process trained
+    difference: float  # weight_difference against the uninterrupted run
+    exit_codes: tuple[int | None, int | None]
+
+
+def exact_rhai(
+    checkout: Path,
+    work: Path,
+    shape: ModelShape,
+    s3_env: dict[str, str],
+    reference: Path,
+    *,
+    max_steps: int = EXACT_MAX_STEPS,
+) -> Resumed:
+    """The peer: preempted after step 3, a new pod (empty local volume) resumes it from the
+    store and trains to the end; its last save is uploaded too, and read back from there."""
+    from bench.sigterm_to_durable import _s3_client
+
+    codes: list[int | None] = []
+    timelines = []
+    for attempt in (1, 2):
+        here = work / f"attempt-{attempt}"
+        here.mkdir()
+        output = here / "output"
+        timeline_path = here / "timeline.jsonl"
+        timelines.append(timeline_path)
+        argv = workload_argv(
+            shape, output, timeline_path, max_steps=max_steps, save_steps=max_steps
+        )[3:]
+        path = here / "train.py"
+        periodic = Periodic("steps", max_steps)
+        path.write_text(script(checkout, argv, output, f"s3://{BUCKET}/{RHAI_PREFIX}", periodic))
+        command = [sys.executable, str(path)]
+        with Background(command, env=trainer_env(s3_env), log=here / "trainer.log") as trainer:
+            assert trainer.process is not None
+            if attempt == 1:
+                wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+                codes.append(_preempt(trainer, GRACE_SECONDS)[1])
+            else:
+                codes.append(trainer.process.wait(timeout=600))
+    client = _s3_client(s3_env)
+    final = work / "final.safetensors"
+    client.download_file(
+        BUCKET, f"{RHAI_PREFIX}/checkpoint-{max_steps}/model.safetensors", str(final)
+    )
+    return Resumed(
+        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1])
+    )
+
+
+def _wait_committed(s3_env: dict[str, str], bucket: str, prefix: str, timeout: float = 300) -> None:
+    """Until a jitckpt commit record is under ``prefix``: the node is not stopped before."""
+    from bench.sigterm_to_durable import _s3_client
+    from shim import layout
+    from sidecar.summary import RECORD_NAME
+
+    client = _s3_client(s3_env)
+    suffix = f"/{layout.MANIFEST_DIR}/{RECORD_NAME}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        if any(i["Key"].endswith(suffix) for page in pages for i in page.get("Contents", [])):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"no jitckpt commit under {prefix} after {timeout} s")
+
+
+def exact_jitckpt(
+    work: Path,
+    shape: ModelShape,
+    s3_env: dict[str, str],
+    reference: Path,
+    *,
+    max_steps: int = EXACT_MAX_STEPS,
+) -> Resumed:
+    """jitckpt: the same stop and resume, each attempt a node of its own (a new agent and an
+    empty local volume; the second restores from the store)."""
+    from bench.jitckpt_node import JitckptNode
+    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
+
+    codes: list[int | None] = []
+    timelines = []
+    for attempt in (1, 2):
+        here = work / f"attempt-{attempt}"
+        timeline_path = here / "timeline.jsonl"
+        timelines.append(timeline_path)
+        with JitckptNode(here / "node", f"s3://{JITCKPT_BUCKET}/bench/exact", s3_env) as node:
+            argv = workload_argv(
+                shape, here / "output", timeline_path, max_steps=max_steps, save_steps=max_steps
+            )
+            with Background(argv, env=node.trainer_env(), log=here / "trainer.log") as trainer:
+                assert trainer.process is not None
+                if attempt == 1:
+                    wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+                    codes.append(_preempt(trainer, GRACE_SECONDS)[1])
+                else:
+                    codes.append(trainer.process.wait(timeout=600))
+            _wait_committed(s3_env, JITCKPT_BUCKET, "bench/exact")
+    final = _final_weights(work / "attempt-2", max_steps)
+    return Resumed(
+        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1])
+    )
+
+
+def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
+    """SIGTERM to durable at 50 MB, each subject ``reps`` times, alternating."""
+    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
+    from bench.sigterm_to_durable import run_jitckpt
+    from local.s3server import LocalS3
+
+    checkout = check_checkout(checkout if checkout is not None else checkout_from(None))
+    label, state_bytes = "50 MB", 50 * MB
+    reps = options.repetitions(3, 3)
+    shape = ModelShape.for_state(label, state_bytes)
+    timeout = 120 + state_bytes / MB * 0.5
+    seconds: dict[str, list[float]] = {s: [] for s in SUBJECTS}
+    params: dict[str, dict[str, list[Any]]] = {
+        s: {"exit_codes": [], "sigterm_to_trainer_exit_s": [], "checkpoint_bytes": []}
+        for s in SUBJECTS
+    }
+    never = 0
+    with LocalS3() as s3:
+        s3_env = s3.credentials_env()
+        for rep in range(reps):
+            for subject in SUBJECTS[rep % 2 :] + SUBJECTS[: rep % 2]:
+                s3.reset()
+                s3.create_bucket(JITCKPT_BUCKET)
+                s3.create_bucket(BUCKET)
+                with tempfile.TemporaryDirectory(prefix="bench-rhai-") as tmp:
+                    work = Path(tmp)
+                    if subject == JITCKPT:
+                        done = run_jitckpt(work, shape, s3_env, timeout)
+                        taken: float | None = done.seconds
+                        exit_s, code, size = (
+                            done.trainer_exit_seconds,
+                            done.exit_code,
+                            (done.checkpoint_bytes),
+                        )
+                    else:
+                        peer = run_rhai(checkout, work, shape, s3_env)
+                        taken = peer.seconds
+                        exit_s, code, size = (
+                            peer.trainer_exit_seconds,
+                            peer.exit_code,
+                            (peer.checkpoint_bytes),
+                        )
+                if taken is None:
+                    never += 1
+                else:
+                    seconds[subject].append(taken)
+                params[subject]["exit_codes"].append(code)
+                params[subject]["sigterm_to_trainer_exit_s"].append(round(exit_s, 3))
+                params[subject]["checkpoint_bytes"].append(size)
+                print(
+                    f"[bench] rhai {label} rep {rep} {subject}: durable after {taken} s, "
+                    f"trainer gone after {exit_s:.2f} s, exit {code}, {size / MB:.0f} MB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        differences: dict[str, list[float]] = {s: [] for s in SUBJECTS}
+        resumed_at: dict[str, list[int | None]] = {s: [] for s in SUBJECTS}
+        codes: dict[str, list[tuple[int | None, int | None]]] = {s: [] for s in SUBJECTS}
+        with tempfile.TemporaryDirectory(prefix="bench-rhai-ref-") as tmp:
+            reference = uninterrupted(Path(tmp), shape)
+            for rep in range(reps):
+                for subject in SUBJECTS[rep % 2 :] + SUBJECTS[: rep % 2]:
+                    s3.reset()
+                    s3.create_bucket(JITCKPT_BUCKET)
+                    s3.create_bucket(BUCKET)
+                    with tempfile.TemporaryDirectory(prefix="bench-rhai-exact-") as run_tmp:
+                        if subject == JITCKPT:
+                            resumed = exact_jitckpt(Path(run_tmp), shape, s3_env, reference)
+                        else:
+                            resumed = exact_rhai(checkout, Path(run_tmp), shape, s3_env, reference)
+                    differences[subject].append(resumed.difference)
+                    resumed_at[subject].append(resumed.resumed_at)
+                    codes[subject].append(resumed.exit_codes)
+                    print(
+                        f"[bench] rhai exact rep {rep} {subject}: {resumed}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    exact = {s: sum(d == 0.0 for d in differences[s]) for s in SUBJECTS}
+    return [
+        Case(
+            benchmark=NAME,
+            case=f"{label} state, stopped after step {SIGTERM_AFTER_STEP} of "
+            f"{EXACT_MAX_STEPS} and resumed by a new process, 1 node",
+            metric="largest weight difference from the uninterrupted run",
+            unit="abs",
+            lower_is_better=True,
+            series=[
+                Series(
+                    s,
+                    differences[s],
+                    {
+                        "resumed_at_step": resumed_at[s],
+                        "exit_codes": codes[s],
+                        "bitwise_equal": exact[s],
+                    },
+                )
+                for s in SUBJECTS
+            ],
+            note="rhai: final model.safetensors against the same run uninterrupted (HF's save "
+            "of its last step), 0 = bitwise equal; bitwise equal: "
+            + ", ".join(f"{s} {exact[s]} of {len(differences[s])}" for s in SUBJECTS),
+        ),
+        Case(
+            benchmark=NAME,
+            case=f"{label} state (h={shape.hidden_size}, layers={shape.layers}), 1 node",
+            metric="SIGTERM to durable in S3",
+            unit="s",
+            lower_is_better=True,
+            series=[Series(s, seconds[s], params[s]) for s in SUBJECTS],
+            note="rhai: SIGTERM after step 3; jitckpt durable = its commit record in S3; "
+            "OpenShift AI durable = a checkpoint-N in S3 with no incomplete marker (what "
+            f"its resume takes), polled every 50 ms; runs with no durable checkpoint: {never}",
+        ),
+    ]
+
+
+def _print_one_of_two(checkout: Path, reps: int, grace: float = 90.0) -> int:
+    """`one_of_two_rhai` ``reps`` times at 50 MB, each outcome printed: where it breaks is
+    read from them and the nodes' logs, not from a median."""
+    from local.s3server import LocalS3
+
+    shape = ModelShape.for_state("50 MB", 50 * MB)
+    with LocalS3() as s3:
+        for rep in range(reps):
+            s3.reset()
+            s3.create_bucket(BUCKET)
+            with tempfile.TemporaryDirectory(prefix="bench-rhai-two-") as tmp:
+                outcome = one_of_two_rhai(checkout, Path(tmp), shape, s3.credentials_env(), grace)
+            print(f"[bench] rhai one of two rep {rep}: {outcome}", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = harness.parser(__doc__ or NAME)
+    arguments.add_argument(
+        "--rhai-path",
+        default=None,
+        help=f"root of a kubeflow-sdk checkout (default: ${ENV_PATH}); absent: skipped",
+    )
+    arguments.add_argument(
+        "--one-of-two",
+        action="store_true",
+        help="the peer only, 2 nodes, node 1 preempted: print what happens (not recorded)",
+    )
+    args = arguments.parse_args(argv)
+    try:
+        checkout = check_checkout(checkout_from(args.rhai_path))
+    except Absent as why:
+        print(f"[bench] {NAME}: subject absent, skipped: {why}", file=sys.stderr, flush=True)
+        return 0
+    harness.stop_cleanly_on_sigterm()
+    options = harness.options_from(args)
+    if args.one_of_two:
+        return _print_one_of_two(checkout, options.repetitions(3, 2))
+    # The command recorded names no machine's path: CHECKOUT stands for the checkout's root.
+    flags = ["--rhai-path", "CHECKOUT"]
+    harness.execute(NAME, "bench.rhai", lambda o: run(o, checkout), options, flags)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
