@@ -13,9 +13,12 @@ sidecar gives; and the role lets that account do nothing more.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 from kubernetes.config import incluster_config
 
 from local.controlplane.cluster import ControlPlane
@@ -33,31 +36,49 @@ ASKED = [("create", "events"), ("get", "pods"), ("patch", "pods"), ("list", "sec
 ASKED += [("delete", "events"), ("get", "events")]
 
 
-def _poster(
-    cluster: ControlPlane,
-    namespace: str,
+@dataclass
+class TrainingNamespace:
+    """A namespace of the cluster and the EventPoster its pods' sidecars would make."""
+
+    kube: Kube
+    name: str
+    poster: EventPoster
+
+
+@pytest.fixture
+def training_namespace(
+    control_plane: ControlPlane,
+    installed: InstalledWebhook,
+    api: client.ApiClient,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> EventPoster:
-    """An EventPoster as the sidecar of a pod in ``namespace`` makes one: its service account's
-    token and the cluster's CA where the kubelet mounts them, the API server's address in env."""
-    token = run_kubectl(cluster, "create", "token", "default", "-n", namespace).strip()
-    (tmp_path / "token").write_text(token)
-    assert cluster.pki is not None
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
-    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(cluster.pki.ca))
-    env = {
-        "KUBERNETES_SERVICE_HOST": HOST,
-        "KUBERNETES_SERVICE_PORT": str(cluster.apiserver_port),
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return EventPoster(namespace, POD, env=env)
+) -> Callable[[str, bool], TrainingNamespace]:
+    """A new namespace (with the reporter role bound to ``default`` or not) and a poster as
+    the sidecar of a pod there makes one: the account's token and the cluster's CA where the
+    kubelet mounts them, the API server's address in env."""
 
+    def make(name: str, bound: bool) -> TrainingNamespace:
+        kube = Kube(api)
+        kube.ensure_namespace({"metadata": {"name": name}})
+        if bound:
+            run_kubectl(
+                control_plane, "-n", name, "create", "rolebinding", REPORTER,
+                f"--clusterrole={REPORTER}", f"--serviceaccount={name}:default",
+            )  # fmt: skip
+        token = run_kubectl(control_plane, "create", "token", "default", "-n", name).strip()
+        (tmp_path / "token").write_text(token)
+        assert control_plane.pki is not None
+        monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+        monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(control_plane.pki.ca))
+        env = {
+            "KUBERNETES_SERVICE_HOST": HOST,
+            "KUBERNETES_SERVICE_PORT": str(control_plane.apiserver_port),
+        }
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        return TrainingNamespace(kube, name, EventPoster(name, POD, env=env))
 
-def _namespace(kube: Kube, name: str) -> str:
-    kube.ensure_namespace({"metadata": {"name": name}})
-    return name
+    return make
 
 
 def _post(poster: EventPoster) -> None:
@@ -69,47 +90,33 @@ def _post(poster: EventPoster) -> None:
 
 
 def test_events_are_refused_without_the_reporter_binding(
-    control_plane: ControlPlane,
-    installed: InstalledWebhook,
-    api: object,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    training_namespace: Callable[[str, bool], TrainingNamespace],
 ) -> None:
-    kube = Kube(api)  # type: ignore[arg-type]
-    namespace = _namespace(kube, "events-unbound")
-    poster = _poster(control_plane, namespace, tmp_path, monkeypatch)
+    namespace = training_namespace("events-unbound", False)
+    poster = namespace.poster
     _post(poster)
     assert poster.disabled_reason is not None
     assert "not permitted (403)" in poster.disabled_reason
     assert REPORTER in poster.disabled_reason
-    assert kube.core.list_namespaced_event(namespace).items == []
+    assert namespace.kube.core.list_namespaced_event(namespace.name).items == []
 
 
 def test_events_are_posted_with_the_reporter_binding_and_nothing_more_is_granted(
-    control_plane: ControlPlane,
-    installed: InstalledWebhook,
-    api: object,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    control_plane: ControlPlane, training_namespace: Callable[[str, bool], TrainingNamespace]
 ) -> None:
-    kube = Kube(api)  # type: ignore[arg-type]
-    namespace = _namespace(kube, "events-bound")
-    run_kubectl(
-        control_plane, "-n", namespace, "create", "rolebinding", REPORTER,
-        f"--clusterrole={REPORTER}", f"--serviceaccount={namespace}:default",
-    )  # fmt: skip
-    poster = _poster(control_plane, namespace, tmp_path, monkeypatch)
+    namespace = training_namespace("events-bound", True)
+    poster = namespace.poster
     _post(poster)
     assert poster.disabled_reason is None
-    events = kube.core.list_namespaced_event(namespace).items
+    events = namespace.kube.core.list_namespaced_event(namespace.name).items
     assert sorted(e.reason for e in events) == sorted([UPLOADED, JIT])
     for event in events:
         assert (event.involved_object.kind, event.involved_object.name) == ("Pod", POD)
         assert event.source.component == "jitckpt-agent"
-    account = f"system:serviceaccount:{namespace}:default"
+    account = f"system:serviceaccount:{namespace.name}:default"
     for verb, resource in ASKED:
         answer = run_kubectl(
-            control_plane, "auth", "can-i", verb, resource, "-n", namespace, f"--as={account}",
+            control_plane, "auth", "can-i", verb, resource, "-n", namespace.name, f"--as={account}",
             check=False,
         ).strip()  # fmt: skip
         assert answer == ("yes" if (verb, resource) == ("create", "events") else "no"), (
