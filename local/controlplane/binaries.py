@@ -23,6 +23,8 @@ DEFAULT_CACHE = Path("/var/cache/jitckpt/controlplane")
 MODULES = {
     "etcd": ("go.etcd.io/etcd/server/v3", GO_MOD),
     "kube-apiserver": ("k8s.io/kubernetes", GO_MOD),
+    "kube-controller-manager": ("k8s.io/kubernetes", GO_MOD),
+    "kube-scheduler": ("k8s.io/kubernetes", GO_MOD),
     "helm": ("helm.sh/helm/v3", HELM_GO_MOD),
 }
 

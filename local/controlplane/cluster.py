@@ -4,8 +4,12 @@ What a production cluster's API server is, in the parts admission depends on:
 client-certificate and service-account-token authentication, RBAC, a
 service-account issuer with its own signing key, and the admission plugins an
 installer enables (Pod Security and the webhooks among them, NodeRestriction
-added to the defaults as kubeadm does). There is no Service network and no
-node: an admission webhook is reached by URL, and pods stay Pending.
+added to the defaults as kubeadm does). There is no Service network: an
+admission webhook is reached by URL. With ``controllers`` set,
+kube-controller-manager (service accounts, the CA ConfigMap, Jobs, garbage
+collection, namespaces, node lifecycle) and kube-scheduler run beside it; the
+nodes are ``local/kubelet`` processes, each given its credential here. Without,
+pods stay Pending.
 
 etcd runs without fsync: its data lives in a temporary directory that dies
 with the cluster, and the fsyncs would cost seconds on a loaded disk.
@@ -26,7 +30,7 @@ import yaml
 
 from local.background import Background
 from local.controlplane.binaries import binary
-from local.controlplane.pki import HOST, ClusterPKI, make_pki
+from local.controlplane.pki import HOST, ClusterPKI, KeyPair, make_pki
 from local.ports import free_port
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -71,6 +75,9 @@ class ControlPlane:
     startup_timeout: float = 120.0
     workdir: Path | None = None
     apiserver_port: int = 0
+    controllers: bool = False
+    # the nodes a kubelet may register as: each gets a credential (node_kubeconfig)
+    nodes: tuple[str, ...] = ()
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _processes: list[Background] = field(default_factory=list, init=False, repr=False)
     pki: ClusterPKI | None = field(default=None, init=False)
@@ -84,7 +91,7 @@ class ControlPlane:
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="jitckpt-controlplane-")
             self.workdir = Path(self._tmp.name)
-        pki = self.pki = make_pki(self.workdir / "pki")
+        pki = self.pki = make_pki(self.workdir / "pki", nodes=self.nodes)
         etcd_port, peer_port = free_port(HOST), free_port(HOST)
         self.apiserver_port = self.apiserver_port or free_port(HOST)
         etcd_url = f"https://{HOST}:{etcd_port}"
@@ -142,26 +149,90 @@ class ControlPlane:
             etcd.start()
             apiserver.start()
             self._wait_ready()
+            if self.controllers:
+                self._start_controllers()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _write_kubeconfig(self) -> Path:
+    def _start_controllers(self) -> None:
+        """kube-controller-manager and kube-scheduler, each as its own bootstrap user.
+
+        Leader election is off (one replica of each). The controller manager signs
+        nothing but service-account tokens for its controllers
+        (``--use-service-account-credentials``, as kubeadm runs it) and publishes the
+        CA as ``kube-root-ca.crt`` in every namespace."""
         assert self.pki is not None and self.workdir is not None
-        path = self.workdir / "admin.kubeconfig"
+        pki, ports = self.pki, (free_port(HOST), free_port(HOST))
+        manager = self._client_kubeconfig("controller-manager", pki.controller_manager)
+        scheduler = self._client_kubeconfig("scheduler", pki.scheduler)
+        common = ["--bind-address=" + HOST, "--leader-elect=false", "--v=1"]
+        started = [
+            Background(
+                [
+                    str(binary("kube-controller-manager")),
+                    *common,
+                    f"--secure-port={ports[0]}",
+                    *_authenticated_by(manager),
+                    f"--root-ca-file={pki.ca}",
+                    f"--service-account-private-key-file={pki.service_account_key}",
+                    "--use-service-account-credentials=true",
+                    f"--cert-dir={self.workdir / 'controller-manager-certs'}",
+                ],
+                log=self.workdir / "kube-controller-manager.log",
+                name="kube-controller-manager",
+            ),
+            Background(
+                [
+                    str(binary("kube-scheduler")),
+                    *common,
+                    f"--secure-port={ports[1]}",
+                    *_authenticated_by(scheduler),
+                ],
+                log=self.workdir / "kube-scheduler.log",
+                name="kube-scheduler",
+            ),
+        ]
+        self._processes += started
+        for process in started:
+            process.start()
+        # Their health endpoints are served with certificates of their own making.
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        processes = self._processes
+        try:
+            for port in ports:
+                wait_ready(
+                    f"https://{HOST}:{port}/healthz",
+                    context,
+                    self.startup_timeout,
+                    lambda: still_running(*processes),
+                )
+        except ControlPlaneError as exc:
+            raise ControlPlaneError(f"{exc}\n{self.logs()}") from None
+
+    def node_kubeconfig(self, node: str) -> Path:
+        """The kubelet's kubeconfig for ``node`` (one of ``nodes``)."""
+        assert self.pki is not None
+        return self._client_kubeconfig(f"node-{node}", self.pki.nodes[node])
+
+    def _client_kubeconfig(self, stem: str, pair: KeyPair) -> Path:
+        assert self.pki is not None and self.workdir is not None
+        path = self.workdir / f"{stem}.kubeconfig"
         path.write_text(
             kubeconfig(
                 self.server,
                 self.pki.ca,
-                user={
-                    "client-certificate": str(self.pki.admin.cert),
-                    "client-key": str(self.pki.admin.key),
-                },
+                user={"client-certificate": str(pair.cert), "client-key": str(pair.key)},
             )
         )
         path.chmod(0o600)
         return path
+
+    def _write_kubeconfig(self) -> Path:
+        assert self.pki is not None
+        return self._client_kubeconfig("admin", self.pki.admin)
 
     def _wait_ready(self) -> None:
         """Until /readyz answers ok: storage, RBAC's bootstrap roles, the default namespaces."""
@@ -197,6 +268,16 @@ class ControlPlane:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _authenticated_by(kubeconfig: Path) -> list[str]:
+    """A controller's own client, and the delegated authentication and authorization of
+    its secure port, all as one user."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+    ]
 
 
 def wait_ready(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,11 @@ class ClusterPKI:
     apiserver_etcd_client: KeyPair
     apiserver: KeyPair
     admin: KeyPair
+    controller_manager: KeyPair
+    scheduler: KeyPair
+    # node name -> its kubelet's client credential (system:node:NAME in system:nodes,
+    # what the Node authorizer and NodeRestriction recognize)
+    nodes: Mapping[str, KeyPair]
     service_account_key: Path
     service_account_pub: Path
 
@@ -147,8 +153,11 @@ APISERVER_NAMES = (
 )
 
 
-def make_pki(directory: Path, now: dt.datetime | None = None) -> ClusterPKI:
-    """Write a new cluster's certificates and keys into ``directory``."""
+def make_pki(
+    directory: Path, now: dt.datetime | None = None, nodes: tuple[str, ...] = ()
+) -> ClusterPKI:
+    """Write a new cluster's certificates and keys into ``directory``, with a kubelet's
+    credential for each of ``nodes`` (made now: the CA's key is not kept)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = _Authority(now or dt.datetime.now(dt.UTC))
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -167,6 +176,21 @@ def make_pki(directory: Path, now: dt.datetime | None = None) -> ClusterPKI:
         # system:masters: the group the API server authorizes for everything, as an
         # installer's first admin credential is.
         admin=ca.issue(directory, "admin", "admin", organization="system:masters", client=True),
+        # The users the bootstrap RBAC roles of the two controllers are bound to.
+        controller_manager=ca.issue(
+            directory, "controller-manager", "system:kube-controller-manager", client=True
+        ),
+        scheduler=ca.issue(directory, "scheduler", "system:kube-scheduler", client=True),
+        nodes={
+            node: ca.issue(
+                directory,
+                f"node-{node}",
+                f"system:node:{node}",
+                organization="system:nodes",
+                client=True,
+            )
+            for node in nodes
+        },
         service_account_key=_write(directory / "sa.key", _pem_key(sa_key), 0o600),
         service_account_pub=_write(directory / "sa.pub", sa_pub),
     )

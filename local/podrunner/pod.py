@@ -28,7 +28,7 @@ from local.podrunner.container import Container, ContainerStatus
 from local.podrunner.image import RootSpec
 from local.podrunner.node import Node
 from local.podrunner.probes import run_startup_probe
-from local.podrunner.spec import PodContext, container_argv, container_env
+from local.podrunner.spec import ObjectStore, PodContext, container_argv, container_env
 from local.podrunner.volumes import PodVolumes
 
 DEFAULT_GRACE_SECONDS = 30.0
@@ -46,6 +46,16 @@ class PodEvent:
     container: str
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """One container of a running pod: its status so far, whether it still runs, and
+    whether it has started (its startupProbe, where it has one, passed)."""
+
+    status: ContainerStatus
+    running: bool
+    started: bool
 
 
 @dataclass
@@ -100,8 +110,16 @@ class Pod:
         node: Node,
         manifest: Mapping[str, Any],
         on_event: Callable[[PodEvent], None] | None = None,
+        *,
+        objects: ObjectStore | None = None,
+        service_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``objects`` replaces the node's Secrets and ConfigMaps for this pod (a kubelet
+        fetches each pod's own from the API server); ``service_env`` is what the kubelet
+        puts before the container's own env (the ``kubernetes`` Service's address)."""
         self.node = node
+        self.objects = objects if objects is not None else node.objects
+        self.service_env = dict(service_env or {})
         metadata = dict(manifest.get("metadata") or {})
         if not metadata.get("name"):
             metadata["name"] = str(metadata.get("generateName", "pod-")) + secrets.token_hex(3)
@@ -111,7 +129,12 @@ class Pod:
         self.name = str(metadata["name"])
         self.namespace = str(metadata["namespace"])
         self.ip = node.allocate_ip(_declared_ports(self.spec))
-        self.context = PodContext(metadata=metadata, spec=self.spec, pod_ip=self.ip)
+        self.context = PodContext(
+            metadata=metadata,
+            spec=self.spec,
+            pod_ip=self.ip,
+            node_name=str(self.spec.get("nodeName") or "localhost"),
+        )
         self.dir = node.pod_dir(self.namespace, self.name, str(metadata["uid"]))
         self.grace_seconds = float(
             self.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
@@ -120,6 +143,7 @@ class Pod:
         self._on_event = on_event
         self._containers: dict[str, Container] = {}
         self._specs: dict[str, Mapping[str, Any]] = {}
+        self._probed: set[str] = set()  # startupProbe passed
         self._volumes: PodVolumes | None = None
         self._terminate_at: float | None = None
         self._killed = False
@@ -196,8 +220,23 @@ class Pod:
         return described
 
     @property
+    def started_at(self) -> float:
+        return self._started_at
+
+    @property
     def done(self) -> bool:
         return self._result is not None
+
+    def states(self) -> dict[str, ContainerState]:
+        """Every container started so far, as a kubelet reports it (``local/kubelet``)."""
+        states = {}
+        for name, container in list(self._containers.items()):
+            if container.status.exit_code is None and not container.running:
+                container.wait(0)  # it has exited: collect its code and message
+            running = container.status.exit_code is None
+            probed = "startupProbe" not in self._specs[name] or name in self._probed
+            states[name] = ContainerState(container.status, running, running and probed)
+        return states
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -219,7 +258,8 @@ class Pod:
         image = self.node.image_root(str(spec.get("image", "")))
         env = dict(image.config.env) if image else self.node.base_env(str(spec.get("image", "")))
         env["HOSTNAME"] = str(self.spec.get("hostname") or self.name)
-        env.update(container_env(spec, self.context, self.node.objects))
+        env.update(self.service_env)
+        env.update(container_env(spec, self.context, self.objects))
         root = None
         if image is not None:
             uid, gid = image.user(spec, self.spec)
@@ -272,7 +312,7 @@ class Pod:
                 self.context,
                 self.dir,
                 self.node.claims_dir,
-                self.node.objects,
+                self.objects,
                 self.context.metadata["uid"],
             )
             reason = self._run_init_containers()
@@ -301,6 +341,7 @@ class Pod:
                     continue
                 outcome = run_startup_probe(probe, spec, container, self.ip, lambda: self._stopping)
                 if outcome.passed:
+                    self._probed.add(container.name)
                     self._event(
                         container.name,
                         "Started",

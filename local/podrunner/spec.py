@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +40,13 @@ class PodContext:
 
 @dataclass(frozen=True)
 class ObjectStore:
-    """Secrets and ConfigMaps of the namespace, as ``name -> key -> value``."""
+    """Secrets and ConfigMaps of the namespace, as ``name -> key -> value``; where an API
+    server runs the pod (``local/kubelet``), also what issues its service-account tokens:
+    the projected ``serviceAccountToken`` source in, a token out."""
 
     secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    service_account_token: Callable[[Mapping[str, Any]], str] | None = None
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:

@@ -9,9 +9,11 @@ Secret and ConfigMap volumes are written as files from the local object maps;
 a Secret volume the way the kubelet writes it (each version in a directory of
 its own, ``..data`` linked to the current one, each key a link through it), so
 ``update_secret`` can rotate it as the kubelet does: one atomic swap of the link.
-A projected service-account token and the cluster's ``kube-root-ca.crt`` have
-no API server to come from and are left out, so in-cluster clients in the pod
-see no credentials, as with ``automountServiceAccountToken: false``.
+A projected service-account token and the cluster's ``kube-root-ca.crt`` come
+from the API server where one runs the pod (``local/kubelet``: the token through
+the object store's issuer, the ConfigMap as any other); with none they are left
+out, so in-cluster clients in the pod see no credentials, as with
+``automountServiceAccountToken: false``.
 """
 
 from __future__ import annotations
@@ -111,7 +113,11 @@ def _projected(
             ref = source["secret"]
             data = _object(objects.secrets, ref["name"], ref.get("optional", False))
             _write_items(directory, data, ref.get("items") if data else None)
-        # serviceAccountToken: no API server issues one here (see the module docstring).
+        elif "serviceAccountToken" in source and objects.service_account_token is not None:
+            token = source["serviceAccountToken"]
+            target = directory / token["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(objects.service_account_token(token))
 
 
 @dataclass

@@ -2,6 +2,9 @@
 
 Every test here carries ``xdist_group("controlplane")`` so one worker starts
 the cluster once (seconds, with the binaries cached by ``make controlplane``).
+The tests that run pods (``xdist_group("nodes")``) have a cluster of their own,
+on another worker: kube-controller-manager and kube-scheduler beside the API
+server, and ``local/kubelet`` as its nodes.
 Where the binaries are not built the tests skip, and fail under ``CI=true``
 (tests/support/tools.py): ``make test`` builds them first.
 """
@@ -17,6 +20,8 @@ from kubernetes import client, config
 from local.controlplane.binaries import MissingBinary, binary
 from local.controlplane.cluster import ControlPlane
 from local.controlplane.install import InstalledWebhook
+from local.kubelet import Kubelet
+from local.podrunner import Node
 from tests.support.tools import unavailable
 
 
@@ -28,6 +33,30 @@ def control_plane() -> Iterator[ControlPlane]:
         unavailable(str(exc))
     with ControlPlane() as cluster:
         yield cluster
+
+
+NODES = ("node-a", "node-b")
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A cluster with its controllers and two nodes, each a kubelet of this machine."""
+    try:
+        for component in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            binary(component)
+    except MissingBinary as exc:
+        unavailable(str(exc))
+    with ControlPlane(controllers=True, nodes=NODES) as cluster:
+        root = tmp_path_factory.mktemp("nodes")
+        kubelets = [
+            Kubelet(name, cluster.node_kubeconfig(name), Node(root / name)).start()
+            for name in NODES
+        ]
+        try:
+            yield cluster
+        finally:
+            for kubelet in kubelets:
+                kubelet.stop()
 
 
 @pytest.fixture(scope="session")

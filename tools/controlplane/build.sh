@@ -1,5 +1,6 @@
 #!/bin/sh
-# Builds the control plane's binaries (etcd, kube-apiserver) at the versions go.mod
+# Builds the control plane's binaries (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) at the versions go.mod
 # pins, and helm (which renders and lints deploy/helm) at the version helm/go.mod pins
 # (a module of its own: its Kubernetes libraries are not kube-apiserver's), from the Go
 # module proxy, into a cache outside the repository keyed by
@@ -41,8 +42,10 @@ build etcd "$etcd" go.etcd.io/etcd/server/v3
 # The version the binary reports (/version): a build as a dependency stamps none.
 minor=$(echo "$kube" | cut -d. -f2)
 stamp=k8s.io/component-base/version
-build kube-apiserver "$kube" k8s.io/kubernetes/cmd/kube-apiserver \
-	"-X $stamp.gitVersion=$kube -X $stamp.gitMajor=1 -X $stamp.gitMinor=$minor -X $stamp.gitTreeState=clean"
+version="-X $stamp.gitVersion=$kube -X $stamp.gitMajor=1 -X $stamp.gitMinor=$minor -X $stamp.gitTreeState=clean"
+for component in kube-apiserver kube-controller-manager kube-scheduler; do
+	build "$component" "$kube" "k8s.io/kubernetes/cmd/$component" "$version"
+done
 helm=$(version_of helm.sh/helm/v3 helm/go.mod)
 cd helm
 build helm "$helm" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
