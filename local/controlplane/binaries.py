@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 GO_MOD = REPO / "tools" / "controlplane" / "go.mod"
 # helm's dependencies are Kubernetes libraries at versions of their own: a module of its own.
 HELM_GO_MOD = REPO / "tools" / "controlplane" / "helm" / "go.mod"
+KUEUE_GO_MOD = REPO / "tools" / "controlplane" / "kueue" / "go.mod"
+OPERATOR_GO_MOD = REPO / "tools" / "controlplane" / "training-operator" / "go.mod"
 CACHE_ENV = "JITCKPT_CONTROLPLANE_CACHE"
 DEFAULT_CACHE = Path("/var/cache/jitckpt/controlplane")
 # component -> the module whose version names its build, and the go.mod that pins it
@@ -26,6 +28,8 @@ MODULES = {
     "kube-controller-manager": ("k8s.io/kubernetes", GO_MOD),
     "kube-scheduler": ("k8s.io/kubernetes", GO_MOD),
     "helm": ("helm.sh/helm/v3", HELM_GO_MOD),
+    "kueue": ("sigs.k8s.io/kueue", KUEUE_GO_MOD),
+    "training-operator": ("github.com/kubeflow/training-operator", OPERATOR_GO_MOD),
 }
 
 

@@ -50,6 +50,7 @@ NAMESPACE = "jitckpt-system"
 SERVICE_ACCOUNT = "jitckpt-webhook"
 CONFIG_MAP = "jitckpt-webhook-config"
 WEBHOOK_CONFIG = "jitckpt-webhook"
+DEPLOYMENT = "jitckpt-webhook"
 TOKEN_SECONDS = 24 * 3600
 
 
@@ -80,7 +81,12 @@ def run_kubectl(
 
 
 def local_overlay(directory: Path, url: str, ca_bundle: bytes, overlay: Path = OVERLAY) -> Path:
-    """A kustomization over ``overlay``: the webhook's clientConfig is ``url``, trusted by CA."""
+    """A kustomization over ``overlay``: the webhook's clientConfig is ``url``, trusted by CA.
+
+    The Deployment is kept at zero replicas: the local process that ``url`` reaches
+    serves in its place (a pod of it could be reached only through the Service
+    network), and on a cluster with nodes a pod of it would run, and in self-signed
+    mode put its own CA into the webhook configuration."""
     directory.mkdir(parents=True, exist_ok=True)
     patch = [
         {"op": "remove", "path": "/webhooks/0/clientConfig/service"},
@@ -99,7 +105,11 @@ def local_overlay(directory: Path, url: str, ca_bundle: bytes, overlay: Path = O
             {
                 "patch": json.dumps(patch),
                 "target": {"kind": "MutatingWebhookConfiguration", "name": WEBHOOK_CONFIG},
-            }
+            },
+            {
+                "patch": json.dumps([{"op": "replace", "path": "/spec/replicas", "value": 0}]),
+                "target": {"kind": "Deployment", "name": DEPLOYMENT},
+            },
         ],
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))

@@ -9,6 +9,7 @@ posts the final status and, if the pod was being deleted, removes the object
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from local.kubelet.objects import MissingObject, pod_objects
 from local.kubelet.status import final_status, running_status, waiting_status
-from local.podrunner import Node, ObjectStore, Pod, SpecError
+from local.podrunner import NoAddress, Node, ObjectStore, Pod
 
 POLL_SECONDS = 0.25
 CONFIG_RETRY_SECONDS = 1.0
@@ -79,25 +80,50 @@ class PodWorker:
         while self._deletion is None and not self._killed:
             try:
                 return pod_objects(self.api, self.manifest)
-            except MissingObject as exc:
+            except (MissingObject, ApiException) as exc:
+                # A 403 too: the Node authorizer learns of a new binding from its own
+                # watch, so a kubelet fast on the pod's heels can be refused for a moment.
+                why = str(exc) if isinstance(exc, MissingObject) else f"{exc.status} {exc.reason}"
+                if why != reported:
+                    reported = why
+                    self._patch(waiting_status(self.manifest, "CreateContainerConfigError", why))
+            self._wake.wait(CONFIG_RETRY_SECONDS)
+            self._wake.clear()
+        return None
+
+    def _sandbox(self, objects: ObjectStore) -> Pod | None:
+        """The pod with its address, once one has its ports free (another pod's process
+        may hold them on every address until it exits); None if deleted meanwhile."""
+        reported = ""
+        while self._deletion is None and not self._killed:
+            try:
+                return Pod(self.node, self.manifest, objects=objects, service_env=self.service_env)
+            except NoAddress as exc:
                 if str(exc) != reported:
                     reported = str(exc)
-                    self._patch(
-                        waiting_status(self.manifest, "CreateContainerConfigError", reported)
-                    )
+                    self._patch(waiting_status(self.manifest, "ContainerCreating", reported))
             self._wake.wait(CONFIG_RETRY_SECONDS)
             self._wake.clear()
         return None
 
     def _run(self) -> None:
+        """The pod's life; whatever goes wrong ends it as Failed, never the kubelet."""
+        try:
+            self._live()
+        except Exception as exc:
+            if self.pod is not None:
+                self.pod.kill()
+            with contextlib.suppress(Exception):
+                self._patch({"phase": "Failed", "reason": "KubeletError", "message": str(exc)})
+
+    def _live(self) -> None:
         objects = self._wait_for_config()
         if objects is None:
             self._finish_deletion()
             return
-        try:
-            pod = Pod(self.node, self.manifest, objects=objects, service_env=self.service_env)
-        except SpecError as exc:
-            self._patch(waiting_status(self.manifest, "CreateContainerConfigError", str(exc)))
+        pod = self._sandbox(objects)
+        if pod is None:
+            self._finish_deletion()
             return
         self.pod = pod.start()
         if self._deletion is not None:

@@ -44,6 +44,12 @@ def _bindable(ip: str, port: int) -> bool:
     return True
 
 
+class NoAddress(RuntimeError):
+    """No pod address has the pod's ports free: with no network namespace per pod, a
+    process of another pod listening on all addresses (a terminating trainer's
+    rendezvous port) holds them until it exits."""
+
+
 @dataclass
 class Node:
     """Host-side state shared by the pods this runner starts."""
@@ -105,7 +111,7 @@ class Node:
                 if ip not in self._ips and all(_bindable(ip, p) for p in ports):
                     self._ips.add(ip)
                     return ip
-        raise RuntimeError("no free loopback address for another pod")
+        raise NoAddress(f"no loopback address with ports {sorted(ports)} free for another pod")
 
     def release_ip(self, ip: str) -> None:
         with self._lock:

@@ -13,7 +13,8 @@ A projected service-account token and the cluster's ``kube-root-ca.crt`` come
 from the API server where one runs the pod (``local/kubelet``: the token through
 the object store's issuer, the ConfigMap as any other); with none they are left
 out, so in-cluster clients in the pod see no credentials, as with
-``automountServiceAccountToken: false``.
+``automountServiceAccountToken: false``. Each container sees the pod's own
+``/etc/hosts`` (its name on its IP), as the kubelet writes it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from local.podrunner.spec import ObjectStore, PodContext, SpecError, field_value
 
 SHM_ROOT = Path("/dev/shm")
 ROOT_CA_CONFIG_MAP = "kube-root-ca.crt"  # in every namespace of a cluster, with its CA
+HOSTS = "/etc/hosts"
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class PodVolumes:
     claims_dir: Path
     shm_dir: Path
     paths: dict[str, Path]
+    # The pod's /etc/hosts, as the kubelet manages it (None: the machine's, unchanged).
+    hosts: Path | None = None
     # Secret volumes: volume name -> (Secret name, items), for update_secret.
     secrets: dict[str, tuple[str, list[dict[str, Any]] | None]] = field(default_factory=dict)
 
@@ -143,6 +147,7 @@ class PodVolumes:
         volumes = cls(pod_dir, claims_dir, SHM_ROOT / f"podrunner-{uid}", {})
         for volume in pod.spec.get("volumes") or []:
             volumes.paths[volume["name"]] = volumes._materialize(volume, pod, objects)
+        volumes.hosts = write_hosts_file(pod_dir / "etc-hosts", pod)
         return volumes
 
     def _materialize(
@@ -218,6 +223,8 @@ class PodVolumes:
         termination_log.touch()
         termination_log.chmod(0o666)
         mounts.append(BindMount(termination_log, path))
+        if self.hosts is not None and not any(m.target == HOSTS for m in mounts):
+            mounts.append(BindMount(self.hosts, HOSTS))
         if host_mount_points:
             for bind in mounts:
                 _ensure_mount_point(bind)
@@ -227,6 +234,33 @@ class PodVolumes:
         """Drop the pod's emptyDirs (claims and host paths stay, as in a cluster)."""
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         shutil.rmtree(self.pod_dir / "volumes", ignore_errors=True)
+
+
+def write_hosts_file(path: Path, pod: PodContext) -> Path | None:
+    """The kubelet's ``/etc/hosts`` for a pod: localhost, the pod's own name on its IP
+    (a PyTorchJob's ``MASTER_ADDR`` is the master pod's name, which the master must
+    resolve to itself), and its ``hostAliases``. None for a ``hostNetwork`` pod, which
+    sees the machine's."""
+    if pod.spec.get("hostNetwork"):
+        return None
+    metadata = pod.metadata
+    hostname = str(pod.spec.get("hostname") or metadata.get("name", ""))
+    names = [hostname]
+    if pod.spec.get("subdomain"):
+        namespace = metadata.get("namespace", "default")
+        names.insert(0, f"{hostname}.{pod.spec['subdomain']}.{namespace}.svc.cluster.local")
+    lines = [
+        "# Kubernetes-managed hosts file.",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        f"{pod.pod_ip}\t{' '.join(names)}",
+    ]
+    for alias in pod.spec.get("hostAliases") or []:
+        lines.append(f"{alias['ip']}\t{' '.join(alias.get('hostnames') or [])}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o644)
+    return path
 
 
 def _ensure_mount_point(bind: BindMount) -> None:

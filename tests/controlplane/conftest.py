@@ -12,6 +12,8 @@ Where the binaries are not built the tests skip, and fail under ``CI=true``
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from kubernetes import client, config
 from local.controlplane.binaries import MissingBinary, binary
 from local.controlplane.cluster import ControlPlane
 from local.controlplane.install import InstalledWebhook
+from local.controlplane.operators import Kueue, TrainingOperator
 from local.kubelet import Kubelet
 from local.podrunner import Node
 from tests.support.tools import unavailable
@@ -39,7 +42,13 @@ NODES = ("node-a", "node-b")
 
 
 @pytest.fixture(scope="session")
-def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def node_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the nodes keep their pods: ``<node>/pods/<ns>_<pod>_<uid>/containers/<c>/log``."""
+    return tmp_path_factory.mktemp("nodes")
+
+
+@pytest.fixture(scope="session")
+def node_cluster(node_root: Path) -> Iterator[ControlPlane]:
     """A cluster with its controllers and two nodes, each a kubelet of this machine."""
     try:
         for component in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
@@ -47,9 +56,8 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
     except MissingBinary as exc:
         unavailable(str(exc))
     with ControlPlane(controllers=True, nodes=NODES) as cluster:
-        root = tmp_path_factory.mktemp("nodes")
         kubelets = [
-            Kubelet(name, cluster.node_kubeconfig(name), Node(root / name)).start()
+            Kubelet(name, cluster.node_kubeconfig(name), Node(node_root / name)).start()
             for name in NODES
         ]
         try:
@@ -57,6 +65,34 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPl
         finally:
             for kubelet in kubelets:
                 kubelet.stop()
+
+
+@dataclass
+class Kubeflow:
+    """What runs beside the nodes' cluster for the job flows, for their failures' logs."""
+
+    webhook: InstalledWebhook
+    kueue: Kueue
+    operator: TrainingOperator
+
+    def logs(self) -> str:
+        return "\n".join((self.kueue.log(), self.operator.log(), self.webhook.log()))
+
+
+@pytest.fixture(scope="session")
+def kubeflow(node_cluster: ControlPlane) -> Iterator[Kubeflow]:
+    """On the nodes' cluster: Kueue, the training-operator and jitckpt's webhook installed
+    from deploy/."""
+    try:
+        binary("kueue"), binary("training-operator")
+    except MissingBinary as exc:
+        unavailable(str(exc))
+    with (
+        Kueue(node_cluster) as kueue,
+        TrainingOperator(node_cluster) as operator,
+        InstalledWebhook(node_cluster) as webhook,
+    ):
+        yield Kubeflow(webhook, kueue, operator)
 
 
 @pytest.fixture(scope="session")

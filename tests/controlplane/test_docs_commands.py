@@ -104,6 +104,12 @@ ML_LS = Run(expect="no checkpoints under s3://ml-checkpoints/team-a/team-a/bert-
 DESCRIBE = Run(expect="jitckpt-agent")
 EVENTS = Run()
 
+# The observability page's command that writes the ConfigMap's config.yaml to a file, which
+# the security page's audit reads: that page's state runs it too (pages may run in any order).
+CONFIG_COMMAND = (
+    "kubectl -n jitckpt-system get configmap jitckpt-webhook-config "
+    "-o jsonpath='{.data.config\\.yaml}' > webhook-config.yaml"
+)
 HOW: dict[str, Run | Elsewhere] = {
     # --- make, the demo -----------------------------------------------------------------
     "make setup": SUITE,
@@ -205,8 +211,7 @@ HOW: dict[str, Run | Elsewhere] = {
     "kubectl get pod <pod> -o jsonpath='{.metadata.annotations.jitckpt\\.io/reason}'": Run(
         expect=""
     ),
-    "kubectl -n jitckpt-system get configmap jitckpt-webhook-config "
-    "-o jsonpath='{.data.config\\.yaml}' > webhook-config.yaml": Run(expect=""),
+    CONFIG_COMMAND: Run(expect=""),
     "jitckpt audit -f <(kubectl get namespaces,pods -A -o yaml) --config webhook-config.yaml": Run(
         expect=JOB_POD
     ),
@@ -296,6 +301,11 @@ class DocsCluster:
                 name
             )
 
+    def running_job_and_its_config(self) -> None:
+        """``running_job``, and the webhook's config.yaml written as the docs write it."""
+        self.running_job()
+        subprocess.run(["bash", "-c", CONFIG_COMMAND], cwd=self.cwd, env=self.env, check=True)
+
     def running_job(self) -> None:
         """team-a opted in as the README says, and its job's master pod admitted."""
         self.reset()
@@ -317,7 +327,7 @@ PAGE_STATE: dict[str, Callable[[DocsCluster], None]] = {
     "docs/ml/index.md": DocsCluster.running_job,
     "docs/platform/observability.md": DocsCluster.running_job,
     "docs/troubleshooting.md": DocsCluster.running_job,
-    "docs/security/index.md": DocsCluster.running_job,
+    "docs/security/index.md": DocsCluster.running_job_and_its_config,
 }
 
 

@@ -102,7 +102,7 @@ def test_the_nodes_register_ready_and_renew_their_leases(
         ]
 
     for name in NODES:
-        eventually(lambda: schedulable(name), what=f"{name} ready and schedulable")
+        eventually(lambda node=name: schedulable(node), what=f"{name} ready and schedulable")
     configuration = core.api_client.configuration
     leases = client.CoordinationV1Api(client.ApiClient(configuration))
     renewed = {name: leases.read_namespaced_lease(name, "kube-node-lease") for name in NODES}
@@ -114,9 +114,12 @@ def test_the_nodes_register_ready_and_renew_their_leases(
 def test_a_pod_is_scheduled_run_and_reported_with_its_exit_code_and_message(
     core: client.CoreV1Api, namespace: str
 ) -> None:
+    # Its own name resolves to its own IP (the kubelet's /etc/hosts): a PyTorchJob
+    # master's MASTER_ADDR is its pod's name.
     script = (
-        "import os, sys\n"
-        "open('/dev/termination-log', 'w').write(f\"ran on {os.environ['NODE']}\")\n"
+        "import os, socket, sys\n"
+        "ip = socket.gethostbyname('exits-three')\n"
+        "open('/dev/termination-log', 'w').write(f\"ran on {os.environ['NODE']} as {ip}\")\n"
         "sys.exit(3)\n"
     )
     pod = python_pod("exits-three", script)
@@ -131,7 +134,9 @@ def test_a_pod_is_scheduled_run_and_reported_with_its_exit_code_and_message(
     (status,) = done.status.container_statuses
     assert status.state.terminated.exit_code == 3
     assert status.state.terminated.reason == "Error"
-    assert status.state.terminated.message == f"ran on {done.spec.node_name}"
+    assert status.state.terminated.message == (
+        f"ran on {done.spec.node_name} as {done.status.pod_ip}"
+    )
 
 
 def test_graceful_deletion_stops_the_pod_within_its_grace_period_and_removes_it(

@@ -47,5 +47,36 @@ for component in kube-apiserver kube-controller-manager kube-scheduler; do
 	build "$component" "$kube" "k8s.io/kubernetes/cmd/$component" "$version"
 done
 helm=$(version_of helm.sh/helm/v3 helm/go.mod)
-cd helm
-build helm "$helm" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
+(cd helm && build helm "$helm" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm")
+
+# manifests COMPONENT VERSION MODULE DIR...: the module's own YAML (its CRDs, RBAC and
+# webhook configurations), copied beside the binary so the cluster applies them with
+# no Go and no module cache; copied before the binary, whose presence marks it done.
+manifests() {
+	dest="$cache/$1-$2"
+	if [ -x "$dest/$1" ]; then
+		return 0
+	fi
+	# download, not list: on a new machine the module is not in the cache yet
+	src=$("$GO" mod download -json "$3" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+	shift 3
+	mkdir -p "$dest/manifests"
+	for dir in "$@"; do
+		mkdir -p "$dest/manifests/$dir"
+		cp "$src/$dir"/*.yaml "$dest/manifests/$dir/"
+	done
+}
+
+# Kueue, and the Kubeflow training-operator (PyTorchJob v1): modules of their own, each
+# with the Kubernetes libraries its upstream go.mod requires.
+kueue=$(version_of sigs.k8s.io/kueue kueue/go.mod)
+(cd kueue && manifests kueue "$kueue" sigs.k8s.io/kueue \
+	config/components/crd/bases config/components/webhook config/components/rbac &&
+	build kueue "$kueue" sigs.k8s.io/kueue/cmd/kueue \
+		"-X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue")
+operator=$(version_of github.com/kubeflow/training-operator training-operator/go.mod)
+(cd training-operator && manifests training-operator "$operator" \
+	github.com/kubeflow/training-operator manifests/base/crds manifests/base/rbac \
+		manifests/base/webhook &&
+	build training-operator "$operator" \
+		github.com/kubeflow/training-operator/cmd/training-operator.v1)

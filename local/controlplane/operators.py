@@ -1,0 +1,246 @@
+"""The job controllers beside the control plane: Kueue and the Kubeflow training-operator.
+
+Each runs as a local process, built by ``make controlplane`` from its own Go
+module, with its CRDs applied from the YAML its module ships (copied into the
+binary's cache entry at build time: nothing is read from the network or a Go
+module cache here). Their admission webhooks are their own, served over TLS on
+127.0.0.1 and registered by URL with a CA bundle, since there is no Service
+network: the webhook configurations are the modules' own, with only
+``clientConfig`` replaced and the webhooks of frameworks not run dropped.
+
+Both binaries read some certificate files from fixed paths (Kueue its metrics
+certificate under ``/etc/kueue``, the training-operator's certificate rotator
+its serving certificate under ``/tmp/k8s-webhook-server``); each runs in a
+mount namespace of its own where those paths hold this cluster's files, so the
+machine's ``/etc`` is never written and two clusters on one machine do not
+share them. Both act with the administrator's credential of the cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+import ssl
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from local.background import Background
+from local.controlplane.binaries import binary
+from local.controlplane.cluster import ControlPlane, ControlPlaneError, still_running, wait_ready
+from local.controlplane.install import run_kubectl
+from local.controlplane.pki import HOST
+from local.ports import free_port
+from webhook.certs import CA_FILE, CERT_FILE, KEY_FILE, generate, write_bundle
+
+KUEUE_NAMESPACE = "kueue-system"
+OPERATOR_NAMESPACE = "kubeflow"
+# The Secret the training-operator's certificate rotator fills (its --webhook-secret-name).
+OPERATOR_CERT_SECRET = "training-operator-webhook-cert"
+# What Kueue's webhooks are kept for: its own kinds, and the one framework it manages.
+KUEUE_WEBHOOKS = ("clusterqueue", "cohort", "resourceflavor", "workload", "pytorchjob")
+
+
+def manifests(component: str, *parts: str) -> Path:
+    """A folder of ``component``'s own YAML, beside its binary in the cache."""
+    return binary(component).parent.joinpath("manifests", *parts)
+
+
+def url_webhooks(
+    path: Path, url: str, ca: bytes, keep: Iterable[str], prefix: str
+) -> list[dict[str, Any]]:
+    """The webhook configurations of ``path`` reached at ``url`` + each webhook's path,
+    trusting ``ca``; only the webhooks whose names contain one of ``keep``; each
+    configuration renamed with ``prefix`` (as the component's kustomization does)."""
+    kept = tuple(keep)
+    configurations = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc or not doc.get("kind", "").endswith("WebhookConfiguration"):
+            continue
+        hooks = []
+        for hook in doc.get("webhooks") or []:
+            if not any(word in hook["name"] for word in kept):
+                continue
+            hook["clientConfig"] = {
+                "url": url + hook["clientConfig"]["service"]["path"],
+                "caBundle": base64.b64encode(ca).decode(),
+            }
+            hooks.append(hook)
+        doc["metadata"]["name"] = prefix + doc["metadata"]["name"]
+        doc["webhooks"] = hooks
+        configurations.append(doc)
+    return configurations
+
+
+def in_private_mounts(argv: list[str], setup: str) -> list[str]:
+    """``argv`` run in a mount namespace of its own, after the shell lines ``setup``."""
+    return [
+        "unshare", "--mount", "--propagation", "private", "sh", "-ec",
+        f'{setup}\nexec "$@"', "sh", *argv,
+    ]  # fmt: skip
+
+
+@dataclass
+class _Operator:
+    """One controller process, its serving certificate and its log."""
+
+    cluster: ControlPlane
+    startup_timeout: float = 90.0
+    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
+    _process: Background | None = field(default=None, init=False, repr=False)
+
+    def _workdir(self, name: str) -> Path:
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"jitckpt-{name}-")
+        work = Path(self._tmp.name)
+        write_bundle(generate([HOST]), work / "certs")
+        return work
+
+    def _ca(self, work: Path) -> bytes:
+        return (work / "certs" / CA_FILE).read_bytes()
+
+    def _apply_crds(self, path: Path) -> None:
+        """The CRDs of ``path`` (a file or a folder), once the API server serves them."""
+        applied = run_kubectl(self.cluster, "apply", "--server-side", "-o", "name", "-f", str(path))
+        run_kubectl(self.cluster, "wait", "--for=condition=Established", "--timeout=60s",
+                    *applied.split())  # fmt: skip
+
+    def _apply(self, docs: list[dict[str, Any]]) -> None:
+        run_kubectl(self.cluster, "apply", "--server-side", "-f", "-",
+                    stdin=yaml.safe_dump_all(docs))  # fmt: skip
+
+    def _run(self, argv: list[str], work: Path, name: str, health_port: int, **env: str) -> None:
+        environ = {**os.environ, **env}
+        self._process = Background(argv, env=environ, log=work / f"{name}.log", name=name)
+        self._process.start()
+        process = self._process
+        try:
+            wait_ready(
+                f"http://{HOST}:{health_port}/readyz",
+                ssl.create_default_context(),
+                self.startup_timeout,
+                lambda: still_running(process),
+            )
+        except ControlPlaneError as exc:
+            raise ControlPlaneError(f"{exc}\n{process.tail()}") from None
+
+    def log(self) -> str:
+        return self._process.tail() if self._process is not None else ""
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@dataclass
+class Kueue(_Operator):
+    """Kueue's controller manager, managing PyTorchJobs that name a LocalQueue."""
+
+    def start(self) -> Kueue:
+        work = self._workdir("kueue")
+        webhook_port, health_port = free_port(HOST), free_port(HOST)
+        run_kubectl(self.cluster, "create", "namespace", KUEUE_NAMESPACE)
+        self._apply_crds(manifests("kueue", "config", "components", "crd", "bases"))
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": KUEUE_NAMESPACE,
+            "manageJobsWithoutQueueName": False,
+            "internalCertManagement": {"enable": False},
+            "webhook": {"host": HOST, "port": webhook_port, "certDir": str(work / "certs")},
+            "health": {"healthProbeBindAddress": f"{HOST}:{health_port}"},
+            "metrics": {"bindAddress": "0"},
+            "leaderElection": {"leaderElect": False},
+            # On by default, it serves its API on a fixed port of every interface.
+            "featureGates": {"VisibilityOnDemand": False},
+            "integrations": {"frameworks": ["kubeflow.org/pytorchjob"]},
+        }
+        (work / "config.yaml").write_text(yaml.safe_dump(config))
+        certs, upper = work / "certs", work / "etc"
+        (upper / "upper").mkdir(parents=True)
+        (upper / "work").mkdir()
+        # Kueue reads its metrics certificate from /etc/kueue/metrics/certs whatever its
+        # configuration says: /etc overlaid in its own mount namespace holds this one.
+        setup = "\n".join([
+            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper}/upper,"
+            f"workdir={upper}/work /etc",
+            "mkdir -p /etc/kueue/metrics/certs",
+            f"cp {certs}/{CERT_FILE} {certs}/{KEY_FILE} /etc/kueue/metrics/certs/",
+        ])  # fmt: skip
+        argv = [str(binary("kueue")), f"--config={work / 'config.yaml'}",
+                f"--kubeconfig={self.cluster.kubeconfig}"]  # fmt: skip
+        self._run(in_private_mounts(argv, setup), work, "kueue", health_port)
+        self._apply(
+            url_webhooks(
+                manifests("kueue", "config", "components", "webhook", "manifests.yaml"),
+                f"https://{HOST}:{webhook_port}",
+                self._ca(work),
+                KUEUE_WEBHOOKS,
+                "kueue-",
+            )
+        )
+        return self
+
+    def __enter__(self) -> Kueue:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class TrainingOperator(_Operator):
+    """The Kubeflow training-operator (v1), running PyTorchJobs only."""
+
+    def start(self) -> TrainingOperator:
+        work = self._workdir("training-operator")
+        webhook_port, health_port = free_port(HOST), free_port(HOST)
+        run_kubectl(self.cluster, "create", "namespace", OPERATOR_NAMESPACE)
+        run_kubectl(self.cluster, "create", "secret", "generic", OPERATOR_CERT_SECRET,
+                    "-n", OPERATOR_NAMESPACE)  # fmt: skip
+        crds = manifests("training-operator", "manifests", "base", "crds")
+        self._apply_crds(crds / "kubeflow.org_pytorchjobs.yaml")
+        # Its certificate rotator waits for a serving certificate at this fixed path
+        # (and its webhook server serves from there): this cluster's, in its namespace.
+        served = "/tmp/k8s-webhook-server/serving-certs"
+        setup = "\n".join([
+            f"mkdir -p {served}",
+            f"mount --bind {shlex.quote(str(work / 'certs'))} {served}",
+        ])  # fmt: skip
+        argv = [
+            str(binary("training-operator")),
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            "--enable-scheme=pytorchjob",
+            f"--webhook-server-port={webhook_port}",
+            "--metrics-bind-address=0",
+            f"--health-probe-bind-address={HOST}:{health_port}",
+            f"--webhook-secret-name={OPERATOR_CERT_SECRET}",
+        ]
+        self._run(
+            in_private_mounts(argv, setup), work, "training-operator", health_port,
+            MY_POD_NAMESPACE=OPERATOR_NAMESPACE,
+        )  # fmt: skip
+        # Its PyTorchJob validation, under a name of its own: the rotator rewrites the CA
+        # bundle of the configuration of the upstream name with a CA of its making.
+        webhooks = url_webhooks(
+            manifests("training-operator", "manifests", "base", "webhook", "manifests.yaml"),
+            f"https://{HOST}:{webhook_port}",
+            self._ca(work),
+            ("pytorchjob",),
+            "training-operator-",
+        )
+        self._apply(webhooks)
+        return self
+
+    def __enter__(self) -> TrainingOperator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
