@@ -85,6 +85,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run the sidecar from this built image, as its user on a read-only root "
         "(an export of `make images-check`: build/images/sidecar)",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a real control plane instead (kube-apiserver, its controllers, Kueue, "
+        "the training-operator, the webhook from deploy/): Kueue preempts a PyTorchJob of the "
+        "bundled script and admits it again; takes only --json, --workdir and --keep "
+        "(needs `make controlplane`)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON summary on stdout")
     parser.add_argument(
         "--logs", action="store_true", help="stream every container's log to stderr"
@@ -103,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
     from local.demo.scenario import DemoOptions, run_demo
     from local.podrunner import SpecError
 
+    if args.cluster:
+        from local.clusterdemo.run import run_cluster_demo
+
+        if args.script is not None or args.script_args or args.destination:
+            print("jitckpt demo: --cluster runs the bundled script only", file=sys.stderr)
+            return 2
+        return run_cluster_demo(args.workdir, args.keep, args.json)
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]

@@ -12,7 +12,6 @@ Where the binaries are not built the tests skip, and fail under ``CI=true``
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from kubernetes import client, config
 from local.controlplane.binaries import MissingBinary, binary
 from local.controlplane.cluster import ControlPlane
 from local.controlplane.install import InstalledWebhook
-from local.controlplane.operators import Kueue, TrainingOperator
 from local.kubelet import Kubelet
 from local.podrunner import Node
 from tests.support.tools import unavailable
@@ -65,34 +63,6 @@ def node_cluster(node_root: Path) -> Iterator[ControlPlane]:
         finally:
             for kubelet in kubelets:
                 kubelet.stop()
-
-
-@dataclass
-class Kubeflow:
-    """What runs beside the nodes' cluster for the job flows, for their failures' logs."""
-
-    webhook: InstalledWebhook
-    kueue: Kueue
-    operator: TrainingOperator
-
-    def logs(self) -> str:
-        return "\n".join((self.kueue.log(), self.operator.log(), self.webhook.log()))
-
-
-@pytest.fixture(scope="session")
-def kubeflow(node_cluster: ControlPlane) -> Iterator[Kubeflow]:
-    """On the nodes' cluster: Kueue, the training-operator and jitckpt's webhook installed
-    from deploy/."""
-    try:
-        binary("kueue"), binary("training-operator")
-    except MissingBinary as exc:
-        unavailable(str(exc))
-    with (
-        Kueue(node_cluster) as kueue,
-        TrainingOperator(node_cluster) as operator,
-        InstalledWebhook(node_cluster) as webhook,
-    ):
-        yield Kubeflow(webhook, kueue, operator)
 
 
 @pytest.fixture(scope="session")
