@@ -131,6 +131,11 @@ HOW: dict[str, Run | Elsewhere] = {
     "jitckpt demo --json": Elsewhere(
         "tests/e2e/test_demo.py::test_default_demo_reports_ok", "minutes of training"
     ),
+    "jitckpt demo --cluster": Elsewhere(
+        "tests/controlplane/test_preemption_flow.py::"
+        "test_kueue_preempts_a_pytorchjob_and_it_resumes_bitwise_when_admitted_again",
+        "it starts a cluster of its own: run there, with --json",
+    ),
     # --- installing -----------------------------------------------------------------------
     "kubectl apply -k deploy/overlays/cert-manager": CERT_MANAGER,
     "kubectl apply -k deploy/overlays/self-signed": SELF_SIGNED,
