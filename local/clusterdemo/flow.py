@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, watch
 
@@ -42,6 +42,7 @@ from shim.layout import JIT_EXIT_CODE
 from webhook.injection import job_root
 from webhook.status import AGENT
 
+T = TypeVar("T")
 NAMESPACE = "team-queued"
 QUEUE = "team-queue"
 KUEUE = "kueue.x-k8s.io"
@@ -247,7 +248,13 @@ class FlowError(RuntimeError):
     cluster held then."""
 
 
-def wait(read: Callable[[], Any], timeout: float, what: str, state: Callable[[], str]) -> Any:
+def wait(
+    read: Callable[[], T | None],
+    timeout: float = 60.0,
+    what: str = "",
+    state: Callable[[], str] = lambda: "",
+) -> T:
+    """``read()``'s first true value, polled; ``FlowError`` with ``state()`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = read()

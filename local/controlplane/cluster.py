@@ -200,17 +200,8 @@ class ControlPlane:
         # Their health endpoints are served with certificates of their own making.
         context = ssl.create_default_context()
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        processes = self._processes
-        try:
-            for port in ports:
-                wait_ready(
-                    f"https://{HOST}:{port}/healthz",
-                    context,
-                    self.startup_timeout,
-                    lambda: still_running(*processes),
-                )
-        except ControlPlaneError as exc:
-            raise ControlPlaneError(f"{exc}\n{self.logs()}") from None
+        for port in ports:
+            self._wait_for(f"https://{HOST}:{port}/healthz", context)
 
     def node_kubeconfig(self, node: str) -> Path:
         """The kubelet's kubeconfig for ``node`` (one of ``nodes``)."""
@@ -240,14 +231,13 @@ class ControlPlane:
         context = ssl.create_default_context(cafile=str(self.pki.ca))
         context.load_cert_chain(str(self.pki.admin.cert), str(self.pki.admin.key))
 
+        self._wait_for(f"{self.server}/readyz", context)
+
+    def _wait_for(self, url: str, context: ssl.SSLContext) -> None:
+        """Until ``url`` answers 200; any server exiting first fails with every log's tail."""
         processes = self._processes
         try:
-            wait_ready(
-                f"{self.server}/readyz",
-                context,
-                self.startup_timeout,
-                lambda: still_running(*processes),
-            )
+            wait_ready(url, context, self.startup_timeout, lambda: still_running(*processes))
         except ControlPlaneError as exc:
             raise ControlPlaneError(f"{exc}\n{self.logs()}") from None
 

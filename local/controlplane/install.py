@@ -21,7 +21,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -30,16 +29,14 @@ from typing import Any
 
 import yaml
 
-from local.background import Background
 from local.controlplane.binaries import MODULES, binary, pinned_version
 from local.controlplane.cluster import (
     ControlPlane,
     ControlPlaneError,
     kubeconfig,
-    still_running,
-    wait_ready,
 )
 from local.controlplane.pki import HOST
+from local.controlplane.service import LocalService
 from local.ports import free_port
 from webhook.certs import CA_FILE, generate, write_bundle
 
@@ -142,15 +139,11 @@ def render_chart(
 
 
 @dataclass
-class InstalledWebhook:
+class InstalledWebhook(LocalService):
     """deploy/ applied to ``cluster`` and the webhook served for it; a context manager."""
 
-    cluster: ControlPlane
-    startup_timeout: float = 60.0
     port: int = 0
     objects: list[dict[str, Any]] = field(default_factory=list, init=False)
-    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
-    _process: Background | None = field(default=None, init=False, repr=False)
     _context: ssl.SSLContext | None = field(default=None, init=False, repr=False)
 
     @property
@@ -158,8 +151,7 @@ class InstalledWebhook:
         return f"https://{HOST}:{self.port}"
 
     def start(self) -> InstalledWebhook:
-        self._tmp = tempfile.TemporaryDirectory(prefix="jitckpt-webhook-install-")
-        work = Path(self._tmp.name)
+        work = self._workdir("webhook-install")
         self.port = self.port or free_port(HOST)
         certs = work / "certs"
         write_bundle(generate([HOST]), certs)
@@ -197,22 +189,9 @@ class InstalledWebhook:
             str(Path(sys.executable).with_name("jitckpt")), "webhook", "serve",
             f"--cert-dir={certs}", f"--config={config}", f"--host={HOST}", f"--port={self.port}",
         ]  # fmt: skip
-        self._process = Background(
-            argv, env=env, log=work / "webhook.log", name="jitckpt webhook serve"
-        )
-        self._process.start()
-        self._wait_ready(ssl.create_default_context(cafile=str(certs / CA_FILE)))
-
-    def _wait_ready(self, context: ssl.SSLContext) -> None:
-        """Until /readyz: TLS loaded and the namespace watch synced through the token's RBAC."""
-        process = self._process
-        assert process is not None
-        try:
-            wait_ready(
-                f"{self.url}/readyz", context, self.startup_timeout, lambda: still_running(process)
-            )
-        except ControlPlaneError as exc:
-            raise ControlPlaneError(f"{exc}\n{self.log()}") from None
+        # Ready: TLS loaded and the namespace watch synced through the token's RBAC.
+        context = ssl.create_default_context(cafile=str(certs / CA_FILE))
+        self._run_until_ready(argv, "jitckpt webhook serve", f"{self.url}/readyz", context, env)
         self._context = context
 
     def objects_of(self, kind: str) -> list[dict[str, Any]]:
@@ -224,17 +203,6 @@ class InstalledWebhook:
         with urllib.request.urlopen(f"{self.url}/metrics", context=self._context, timeout=10) as r:
             text: str = r.read().decode()
         return text
-
-    def log(self) -> str:
-        """The last lines of the webhook's log, for a failure's message."""
-        return self._process.tail() if self._process is not None else ""
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
 
     def __enter__(self) -> InstalledWebhook:
         return self.start()

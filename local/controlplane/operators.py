@@ -22,19 +22,17 @@ import base64
 import os
 import shlex
 import ssl
-import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from local.background import Background
 from local.controlplane.binaries import binary
-from local.controlplane.cluster import ControlPlane, ControlPlaneError, still_running, wait_ready
 from local.controlplane.install import run_kubectl
 from local.controlplane.pki import HOST
+from local.controlplane.service import LocalService
 from local.ports import free_port
 from webhook.certs import CA_FILE, CERT_FILE, KEY_FILE, generate, write_bundle
 
@@ -86,17 +84,13 @@ def in_private_mounts(argv: list[str], setup: str) -> list[str]:
 
 
 @dataclass
-class _Operator:
-    """One controller process, its serving certificate and its log."""
+class _Operator(LocalService):
+    """A job controller: its serving certificate, its CRDs and webhooks applied."""
 
-    cluster: ControlPlane
     startup_timeout: float = 90.0
-    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
-    _process: Background | None = field(default=None, init=False, repr=False)
 
-    def _workdir(self, name: str) -> Path:
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"jitckpt-{name}-")
-        work = Path(self._tmp.name)
+    def _certified_workdir(self, name: str) -> Path:
+        work = self._workdir(name)
         write_bundle(generate([HOST]), work / "certs")
         return work
 
@@ -113,30 +107,12 @@ class _Operator:
         run_kubectl(self.cluster, "apply", "--server-side", "-f", "-",
                     stdin=yaml.safe_dump_all(docs))  # fmt: skip
 
-    def _run(self, argv: list[str], work: Path, name: str, health_port: int, **env: str) -> None:
-        environ = {**os.environ, **env}
-        self._process = Background(argv, env=environ, log=work / f"{name}.log", name=name)
-        self._process.start()
-        process = self._process
-        try:
-            wait_ready(
-                f"http://{HOST}:{health_port}/readyz",
-                ssl.create_default_context(),
-                self.startup_timeout,
-                lambda: still_running(process),
-            )
-        except ControlPlaneError as exc:
-            raise ControlPlaneError(f"{exc}\n{process.tail()}") from None
-
-    def log(self) -> str:
-        return self._process.tail() if self._process is not None else ""
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+    def _run(self, argv: list[str], name: str, health_port: int, **env: str) -> None:
+        """``argv`` until its health port says ready (plain HTTP on 127.0.0.1)."""
+        ready = f"http://{HOST}:{health_port}/readyz"
+        self._run_until_ready(
+            argv, name, ready, ssl.create_default_context(), {**os.environ, **env}
+        )
 
 
 @dataclass
@@ -144,7 +120,7 @@ class Kueue(_Operator):
     """Kueue's controller manager, managing PyTorchJobs that name a LocalQueue."""
 
     def start(self) -> Kueue:
-        work = self._workdir("kueue")
+        work = self._certified_workdir("kueue")
         webhook_port, health_port = free_port(HOST), free_port(HOST)
         run_kubectl(self.cluster, "create", "namespace", KUEUE_NAMESPACE)
         self._apply_crds(manifests("kueue", "config", "components", "crd", "bases"))
@@ -176,7 +152,7 @@ class Kueue(_Operator):
         ])  # fmt: skip
         argv = [str(binary("kueue")), f"--config={work / 'config.yaml'}",
                 f"--kubeconfig={self.cluster.kubeconfig}"]  # fmt: skip
-        self._run(in_private_mounts(argv, setup), work, "kueue", health_port)
+        self._run(in_private_mounts(argv, setup), "kueue", health_port)
         self._apply(
             url_webhooks(
                 manifests("kueue", "config", "components", "webhook", "manifests.yaml"),
@@ -200,7 +176,7 @@ class TrainingOperator(_Operator):
     """The Kubeflow training-operator (v1), running PyTorchJobs only."""
 
     def start(self) -> TrainingOperator:
-        work = self._workdir("training-operator")
+        work = self._certified_workdir("training-operator")
         webhook_port, health_port = free_port(HOST), free_port(HOST)
         run_kubectl(self.cluster, "create", "namespace", OPERATOR_NAMESPACE)
         run_kubectl(self.cluster, "create", "secret", "generic", OPERATOR_CERT_SECRET,
@@ -224,7 +200,7 @@ class TrainingOperator(_Operator):
             f"--webhook-secret-name={OPERATOR_CERT_SECRET}",
         ]
         self._run(
-            in_private_mounts(argv, setup), work, "training-operator", health_port,
+            in_private_mounts(argv, setup), "training-operator", health_port,
             MY_POD_NAMESPACE=OPERATOR_NAMESPACE,
         )  # fmt: skip
         # Its PyTorchJob validation, under a name of its own: the rotator rewrites the CA

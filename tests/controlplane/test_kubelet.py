@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from local.clusterdemo.flow import wait
 from local.controlplane.cluster import ControlPlane
 from tests.controlplane.conftest import NODES
 
 pytestmark = [pytest.mark.xdist_group("nodes")]
 
-T = TypeVar("T")
 IMAGE = "python:3.11-slim"  # the node runs every image with this machine's interpreter
-
-
-def eventually(read: Callable[[], T | None], timeout: float = 60.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = read()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,7 @@ def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
             return False
         return True
 
-    eventually(account, what=f"the default ServiceAccount of {name}")
+    wait(account, what=f"the default ServiceAccount of {name}")
     return name
 
 
@@ -102,7 +92,7 @@ def test_the_nodes_register_ready_and_renew_their_leases(
         ]
 
     for name in NODES:
-        eventually(lambda node=name: schedulable(node), what=f"{name} ready and schedulable")
+        wait(lambda node=name: schedulable(node), what=f"{name} ready and schedulable")
     configuration = core.api_client.configuration
     leases = client.CoordinationV1Api(client.ApiClient(configuration))
     renewed = {name: leases.read_namespaced_lease(name, "kube-node-lease") for name in NODES}
@@ -127,7 +117,7 @@ def test_a_pod_is_scheduled_run_and_reported_with_its_exit_code_and_message(
         {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     ]
     core.create_namespaced_pod(namespace, pod)
-    done = eventually(terminal(core, namespace, "exits-three"), what="the pod's end")
+    done = wait(terminal(core, namespace, "exits-three"), what="the pod's end")
     assert done.spec.node_name in NODES
     assert done.status.phase == "Failed"
     assert done.status.pod_ip and done.status.pod_ip.startswith("127.")
@@ -158,7 +148,7 @@ def test_graceful_deletion_stops_the_pod_within_its_grace_period_and_removes_it(
         statuses = pod.status.container_statuses or []
         return pod.status.phase == "Running" and all(s.state.running for s in statuses)
 
-    eventually(running, what="the pod running")
+    wait(running, what="the pod running")
     seen: list[Any] = []
     stream = watch.Watch()
     asked = time.monotonic()
@@ -217,13 +207,13 @@ def test_a_pod_waits_for_its_secret_then_reaches_the_api_server_with_its_own_tok
         state = statuses[0].state.waiting if statuses else None
         return state if state and state.reason == "CreateContainerConfigError" else None
 
-    state = eventually(waiting, what="the pod waiting for its Secret")
+    state = wait(waiting, what="the pod waiting for its Secret")
     assert state.message == 'secret "later" not found'
     core.create_namespaced_secret(
         namespace,
         client.V1Secret(metadata=client.V1ObjectMeta(name="later"), string_data={"password": "s3"}),
     )
-    done = eventually(terminal(core, namespace, "with-secret"), what="the pod's end")
+    done = wait(terminal(core, namespace, "with-secret"), what="the pod's end")
     (status,) = done.status.container_statuses
     assert status.state.terminated.exit_code == 0, status.state.terminated
     assert status.state.terminated.message == "403 s3"
