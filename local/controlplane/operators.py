@@ -22,6 +22,7 @@ import base64
 import os
 import shlex
 import ssl
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any
 import yaml
 
 from local.controlplane.binaries import binary
+from local.controlplane.cluster import ControlPlaneError
 from local.controlplane.install import run_kubectl
 from local.controlplane.pki import HOST
 from local.controlplane.service import LocalService
@@ -37,6 +39,7 @@ from local.ports import free_port
 from webhook.certs import CA_FILE, CERT_FILE, KEY_FILE, generate, write_bundle
 
 KUEUE_NAMESPACE = "kueue-system"
+CRD_SECONDS = 60
 OPERATOR_NAMESPACE = "kubeflow"
 # The Secret the training-operator's certificate rotator fills (its --webhook-secret-name).
 OPERATOR_CERT_SECRET = "training-operator-webhook-cert"
@@ -100,8 +103,20 @@ class _Operator(LocalService):
     def _apply_crds(self, path: Path) -> None:
         """The CRDs of ``path`` (a file or a folder), once the API server serves them."""
         applied = run_kubectl(self.cluster, "apply", "--server-side", "-o", "name", "-f", str(path))
-        run_kubectl(self.cluster, "wait", "--for=condition=Established", "--timeout=60s",
-                    *applied.split())  # fmt: skip
+        # Polled, not `kubectl wait`: that fails on a CRD whose status has no conditions yet.
+        deadline = time.monotonic() + CRD_SECONDS
+        for name in applied.split():
+            while True:
+                established = run_kubectl(
+                    self.cluster, "get", name, "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                    check=False,
+                )  # fmt: skip
+                if established.strip() == "True":
+                    break
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"{name} not established within {CRD_SECONDS} s")
+                time.sleep(0.2)
 
     def _apply(self, docs: list[dict[str, Any]]) -> None:
         run_kubectl(self.cluster, "apply", "--server-side", "-f", "-",

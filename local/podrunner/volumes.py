@@ -14,7 +14,8 @@ from the API server where one runs the pod (``local/kubelet``: the token through
 the object store's issuer, the ConfigMap as any other); with none they are left
 out, so in-cluster clients in the pod see no credentials, as with
 ``automountServiceAccountToken: false``. Each container sees the pod's own
-``/etc/hosts`` (its name on its IP), as the kubelet writes it.
+``/etc/hosts`` (its name on its IP), as the kubelet writes it, but one run from an
+unpacked image, which keeps the image's.
 """
 
 from __future__ import annotations
@@ -223,7 +224,13 @@ class PodVolumes:
         termination_log.touch()
         termination_log.chmod(0o666)
         mounts.append(BindMount(termination_log, path))
-        if self.hosts is not None and not any(m.target == HOSTS for m in mounts):
+        # A container of an unpacked image keeps the image's own (its root stays unwritten:
+        # a mount point would be a file made in it); the others, this machine's root, the pod's.
+        if (
+            host_mount_points
+            and self.hosts is not None
+            and not any(m.target == HOSTS for m in mounts)
+        ):
             mounts.append(BindMount(self.hosts, HOSTS))
         if host_mount_points:
             for bind in mounts:
