@@ -14,7 +14,7 @@ HF Trainer script, unchanged:
    them, the sidecar restores, and ``low`` ends with its weights compared
    bitwise with the reference's.
 
-What the API server said of every pod is recorded (a deleted pod's last
+What the API server said of every pod is recorded (``observe.py``) (a deleted pod's last
 status, its exit codes and termination messages, goes with it), and the
 timeline: when ``low``'s eviction was seen, when its JIT checkpoint became
 valid in the store, when it was admitted again, when its resumed trainer
@@ -24,315 +24,30 @@ logged its first step.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 
-from local.demo.destination import SECRET_NAME, Destination
-from local.demo.scenario import BUNDLED_SCRIPT, IMAGE_ENV
+from local.clusterdemo.jobs import MAX_STEPS, NAMESPACE, PROGRESS_STEP, opt_in, pytorchjob, training
+from local.clusterdemo.observe import (
+    PodRecorder,
+    Timeline,
+    cluster_state,
+    container,
+    job_condition,
+    progress,
+    wait,
+)
+from local.demo.destination import Destination
 from local.demo.watch import CommitWatcher
 from local.demo.weights import compare_files
 from local.podrunner import Node
 from shim.layout import JIT_EXIT_CODE
 from webhook.injection import job_root
 from webhook.status import AGENT
-
-T = TypeVar("T")
-NAMESPACE = "team-queued"
-QUEUE = "team-queue"
-KUEUE = "kueue.x-k8s.io"
-KUEUE_API = f"{KUEUE}/v1beta2"
-MAX_STEPS = 24
-PROGRESS_STEP = 6  # the step low must reach before high arrives
-STEP_SLEEP = 0.3  # seconds a step: the preemption lands mid-run
-
-
-def queue_objects() -> list[dict[str, Any]]:
-    """A ClusterQueue whose quota holds one job (1 CPU), preempting lower priorities."""
-    flavor = {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": "cpu"}}
-    cluster_queue = {
-        "apiVersion": KUEUE_API,
-        "kind": "ClusterQueue",
-        "metadata": {"name": "one-job"},
-        "spec": {
-            "namespaceSelector": {},
-            "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [
-                        {
-                            "name": "cpu",
-                            "resources": [
-                                {"name": "cpu", "nominalQuota": "1"},
-                                {"name": "memory", "nominalQuota": "8Gi"},
-                            ],
-                        }
-                    ],
-                }
-            ],
-        },
-    }
-    local_queue = {
-        "apiVersion": KUEUE_API,
-        "kind": "LocalQueue",
-        "metadata": {"name": QUEUE, "namespace": NAMESPACE},
-        "spec": {"clusterQueue": "one-job"},
-    }
-    priorities = [
-        {"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass",
-         "metadata": {"name": name}, "value": value}
-        for name, value in (("low", 100), ("high", 1000))
-    ]  # fmt: skip
-    return [flavor, cluster_queue, local_queue, *priorities]
-
-
-def pytorchjob(name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
-    """A PyTorchJob as a user writes one for Kueue: one master, 1 CPU, its queue named."""
-    out = work / "output" / name
-    out.mkdir(parents=True, exist_ok=True)
-    container = {
-        "name": "pytorch",
-        "image": "registry.example/team/trainer:1.0",
-        "command": command,
-        "env": [{"name": k, "value": v} for k, v in {**IMAGE_ENV, "PYTHONHASHSEED": "7"}.items()],
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
-        # The pod's output directory is its own (an emptyDir), as in a container.
-        "volumeMounts": [
-            {"name": "output", "mountPath": str(out)},
-            {"name": "weights", "mountPath": str(work / "weights")},
-        ],
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": {f"{KUEUE}/queue-name": QUEUE, f"{KUEUE}/priority-class": priority},
-        },
-        "spec": {
-            "nprocPerNode": "1",
-            "pytorchReplicaSpecs": {
-                "Master": {
-                    "replicas": 1,
-                    "restartPolicy": "Never",
-                    "template": {
-                        "spec": {
-                            "containers": [container],
-                            "volumes": [
-                                {"name": "output", "emptyDir": {}},
-                                {"name": "weights", "hostPath": {"path": str(work / "weights")}},
-                            ],
-                        }
-                    },
-                }
-            },
-        },
-    }
-
-
-def training(name: str, work: Path) -> list[str]:
-    return [
-        "torchrun", str(BUNDLED_SCRIPT),
-        "--output-dir", str(work / "output" / name),
-        "--max-steps", str(MAX_STEPS),
-        "--step-sleep", str(STEP_SLEEP),
-        "--final-weights", str(work / "weights" / f"{name}.pt"),
-    ]  # fmt: skip
-
-
-class PodRecorder:
-    """Every status the API server held of each pod of the namespace, by uid, in order:
-    a deleted pod's last status (its exit codes, termination messages) is gone with it."""
-
-    def __init__(self, core: client.CoreV1Api) -> None:
-        self.core = core
-        self.seen: dict[str, list[Any]] = {}
-        self._watch = watch.Watch()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                for event in self._watch.stream(
-                    self.core.list_namespaced_pod, NAMESPACE, timeout_seconds=30
-                ):
-                    pod = event["object"]
-                    self.seen.setdefault(pod.metadata.uid, []).append(pod)
-            except Exception:
-                continue
-
-    def start(self) -> PodRecorder:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._watch.stop()
-
-    def of_job(self, job: str) -> list[list[Any]]:
-        """Each pod of ``job``, first created first, as the list of its states."""
-        pods = [
-            states
-            for states in self.seen.values()
-            if states[0].metadata.labels.get("training.kubeflow.org/job-name") == job
-        ]
-        return sorted(pods, key=lambda states: states[0].metadata.creation_timestamp)
-
-
-def container(pod: Any, name: str) -> Any:
-    statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
-    return next((s for s in statuses if s.name == name), None)
-
-
-def progress(node_root: Path, pod: str, step: int) -> Callable[[], bool]:
-    """Whether the trainer of ``pod`` (any instance) has logged step ``step``."""
-
-    def read() -> bool:
-        for log in node_root.glob(f"*/pods/{NAMESPACE}_{pod}_*/containers/pytorch/log"):
-            if f"step {step}/" in log.read_text(errors="replace"):
-                return True
-        return False
-
-    return read
-
-
-def job_condition(custom: client.CustomObjectsApi, name: str, kind: str) -> Callable[[], bool]:
-    def read() -> bool:
-        job: Any = custom.get_namespaced_custom_object(
-            "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", name
-        )
-        conditions = (job.get("status") or {}).get("conditions") or []
-        return any(c["type"] == kind and c["status"] == "True" for c in conditions)
-
-    return read
-
-
-def cluster_state(api: client.ApiClient, node_root: Path) -> str:
-    """What a failure needs: the jobs' and workloads' conditions, each pod's phase and
-    containers, the last lines of each container's log."""
-    custom, lines = client.CustomObjectsApi(api), []
-    for group, version, plural in (("kubeflow.org", "v1", "pytorchjobs"),
-                                   (KUEUE, "v1beta2", "workloads")):  # fmt: skip
-        listed: Any = custom.list_namespaced_custom_object(group, version, NAMESPACE, plural)
-        for item in listed["items"]:
-            conditions = (item.get("status") or {}).get("conditions") or []
-            summary = [(c["type"], c["status"], c.get("reason")) for c in conditions]
-            lines.append(f"{plural} {item['metadata']['name']}: {summary}")
-    pods: list[Any] = client.CoreV1Api(api).list_namespaced_pod(NAMESPACE).items
-    for pod in pods:
-        states = [
-            (c.name, c.state.to_dict())
-            for c in (pod.status.init_container_statuses or [])
-            + (pod.status.container_statuses or [])
-        ]
-        lines.append(
-            f"pod {pod.metadata.name} {pod.status.phase} {pod.spec.node_name} "
-            f"{pod.status.reason}: {pod.status.message} {states}"
-        )
-    for log in sorted(node_root.glob(f"*/pods/{NAMESPACE}_*/containers/*/log")):
-        tail = log.read_text(errors="replace").splitlines()[-8:]
-        lines.append(f"--- {log.relative_to(node_root)}\n" + "\n".join(tail))
-    return "\n".join(lines)
-
-
-class FlowError(RuntimeError):
-    """The flow did not reach a state it waits for; the message says which, and what the
-    cluster held then."""
-
-
-def wait(
-    read: Callable[[], T | None],
-    timeout: float = 60.0,
-    what: str = "",
-    state: Callable[[], str] = lambda: "",
-) -> T:
-    """``read()``'s first true value, polled; ``FlowError`` with ``state()`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = read()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise FlowError(f"not within {timeout:.0f} s: {what}\n{state()}")
-
-
-def opt_in(api: client.ApiClient, destination: Destination) -> None:
-    """The namespace opted in to jitckpt, its store's Secret, and the queue."""
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    annotations = {**destination.namespace_annotations(), "jitckpt.io/grace-period-seconds": "60"}
-    labels = {"jitckpt.io/injection": "enabled"}
-    namespace: Any = {"metadata": {"name": NAMESPACE, "labels": labels, "annotations": annotations}}
-    core.create_namespace(namespace)
-    secret: Any = {"metadata": {"name": SECRET_NAME}, "stringData": destination.secret}
-    core.create_namespaced_secret(NAMESPACE, secret)
-    for doc in queue_objects():
-        group, version = doc["apiVersion"].split("/")
-        plural = doc["kind"].lower() + ("es" if doc["kind"].endswith("s") else "s")
-        if "namespace" in doc["metadata"]:
-            custom.create_namespaced_custom_object(group, version, NAMESPACE, plural, doc)
-        else:
-            custom.create_cluster_custom_object(group, version, plural, doc)
-
-
-@dataclass
-class Timeline:
-    """When each moment of ``low``'s preemption was first seen (time.time())."""
-
-    evicted: float | None = None
-    readmitted: float | None = None
-    resumed_step: float | None = None
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    def follow(
-        self, api: client.ApiClient, node_root: Path, resumed_from: Callable[[], int | None]
-    ) -> threading.Thread:
-        custom = client.CustomObjectsApi(api)
-
-        def conditions() -> dict[str, str]:
-            items: Any = custom.list_namespaced_custom_object(
-                KUEUE, "v1beta2", NAMESPACE, "workloads"
-            )
-            for item in items["items"]:
-                owners = item["metadata"].get("ownerReferences") or []
-                if any(o.get("name") == "low" for o in owners):
-                    found = (item.get("status") or {}).get("conditions") or []
-                    return {c["type"]: c["status"] for c in found}
-            return {}
-
-        def loop() -> None:
-            while not self._stop.wait(0.1):
-                now, seen = time.time(), conditions()
-                if self.evicted is None and seen.get("Evicted") == "True":
-                    self.evicted = now
-                elif (
-                    self.evicted is not None
-                    and self.readmitted is None
-                    and (seen.get("Admitted") == "True" and seen.get("Evicted") != "True")
-                ):
-                    self.readmitted = now
-                step = resumed_from()
-                if (
-                    self.readmitted is not None
-                    and self.resumed_step is None
-                    and step is not None
-                    and progress(node_root, "low-master-0", step + 1)()
-                ):
-                    self.resumed_step = now
-
-        thread = threading.Thread(target=loop, name="timeline", daemon=True)
-        thread.start()
-        return thread
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 @dataclass

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import IO
 
 from local.clusterdemo.cluster import kubeflow_cluster
-from local.clusterdemo.flow import FlowError, run_flow
+from local.clusterdemo.flow import run_flow
+from local.clusterdemo.observe import FlowError
 from local.controlplane.binaries import MissingBinary
 from local.controlplane.cluster import ControlPlaneError
 from local.demo.destination import Destination

@@ -203,9 +203,3 @@ class InstalledWebhook(LocalService):
         with urllib.request.urlopen(f"{self.url}/metrics", context=self._context, timeout=10) as r:
             text: str = r.read().decode()
         return text
-
-    def __enter__(self) -> InstalledWebhook:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -179,12 +179,6 @@ class Kueue(_Operator):
         )
         return self
 
-    def __enter__(self) -> Kueue:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 @dataclass
 class TrainingOperator(_Operator):
@@ -229,9 +223,3 @@ class TrainingOperator(_Operator):
         )
         self._apply(webhooks)
         return self
-
-    def __enter__(self) -> TrainingOperator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

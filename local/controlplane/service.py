@@ -8,6 +8,7 @@ import ssl
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from local.background import Background
 from local.controlplane.cluster import ControlPlane, ControlPlaneError, still_running, wait_ready
@@ -45,6 +46,16 @@ class LocalService:
             wait_ready(ready_url, context, self.startup_timeout, lambda: still_running(process))
         except ControlPlaneError as exc:
             raise ControlPlaneError(f"{exc}\n{process.tail()}") from None
+
+    def start(self) -> Self:
+        """Start the service, ready when it returns."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def log(self) -> str:
         """The last lines of the process's log, for a failure's message."""

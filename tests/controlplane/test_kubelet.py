@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from local.clusterdemo.flow import wait
+from local.clusterdemo.observe import wait
 from local.controlplane.cluster import ControlPlane
 from tests.controlplane.conftest import NODES
 
@@ -51,7 +51,8 @@ def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> str:
     return name
 
 
-def python_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
+def python_pod(name: str, script: str, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A pod of one container running ``script``, with ``env`` from the API server."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -64,9 +65,9 @@ def python_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
                     "image": IMAGE,
                     "command": ["python", "-c", script],
                     "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    "env": env or [],
                 }
             ],
-            **spec,
         },
     }
 
@@ -112,11 +113,8 @@ def test_a_pod_is_scheduled_run_and_reported_with_its_exit_code_and_message(
         "open('/dev/termination-log', 'w').write(f\"ran on {os.environ['NODE']} as {ip}\")\n"
         "sys.exit(3)\n"
     )
-    pod = python_pod("exits-three", script)
-    pod["spec"]["containers"][0]["env"] = [
-        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
-    ]
-    core.create_namespaced_pod(namespace, pod)
+    node = {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    core.create_namespaced_pod(namespace, python_pod("exits-three", script, [node]))
     done = wait(terminal(core, namespace, "exits-three"), what="the pod's end")
     assert done.spec.node_name in NODES
     assert done.status.phase == "Failed"
@@ -196,11 +194,11 @@ def test_a_pod_waits_for_its_secret_then_reaches_the_api_server_with_its_own_tok
         "    code = exc.code\n"
         "open('/dev/termination-log', 'w').write(f\"{code} {os.environ['PASSWORD']}\")\n"
     )
-    pod = python_pod("with-secret", script)
-    pod["spec"]["containers"][0]["env"] = [
-        {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "later", "key": "password"}}}
-    ]
-    core.create_namespaced_pod(namespace, pod)
+    password = {
+        "name": "PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "later", "key": "password"}},
+    }
+    core.create_namespaced_pod(namespace, python_pod("with-secret", script, [password]))
 
     def waiting() -> Any:
         statuses = core.read_namespaced_pod("with-secret", namespace).status.container_statuses

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from local.clusterdemo.flow import MAX_STEPS, NAMESPACE, PROGRESS_STEP
+from local.clusterdemo.jobs import MAX_STEPS, NAMESPACE, PROGRESS_STEP
 from local.controlplane.binaries import MissingBinary, binary
 from local.demo.weights import compare_files
 from shim.layout import JIT_EXIT_CODE
