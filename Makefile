@@ -98,9 +98,10 @@ golden: setup
 demo: setup
 	$(BIN)/jitckpt demo
 
-# The control plane the tests under tests/controlplane run: etcd and kube-apiserver, and
+# The control plane the tests under tests/controlplane run: etcd, kube-apiserver and its
+# controllers, the job controllers (Kueue, the training-operator, the Trainer, JobSet), and
 # helm for the chart in deploy/helm (tests/webhook/test_helm.py), built from the Go module
-# proxy at the versions tools/controlplane/go.mod (helm/go.mod) pins into a cache
+# proxy at the versions tools/controlplane/go.mod (and each component's own) pins into a cache
 # outside the checkout (CONTROLPLANE_CACHE/<component>-<version>/), at the lowest priority;
 # a no-op (no Go needed) once a machine has them. Not part of setup: the demo needs no Go.
 # What the first build costs: README.md, "Development".

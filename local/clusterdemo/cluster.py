@@ -11,7 +11,7 @@ from kubernetes import client, config
 
 from local.controlplane.cluster import ControlPlane
 from local.controlplane.install import InstalledWebhook
-from local.controlplane.operators import Kueue, TrainingOperator
+from local.controlplane.operators import JobSet, Kueue, Trainer, TrainingOperator
 from local.kubelet import Kubelet
 from local.podrunner import Node
 
@@ -20,11 +20,14 @@ NODES = ("node-a", "node-b")
 
 @dataclass
 class KubeflowCluster:
-    """A control plane with its controllers, nodes, Kueue, the training-operator and
-    jitckpt's webhook; ``node_root`` holds the nodes' pods (their logs among them)."""
+    """A control plane with its controllers, nodes, Kueue, the training-operator, the
+    Trainer with JobSet, and jitckpt's webhook; ``node_root`` holds the nodes' pods
+    (their logs among them)."""
 
     control_plane: ControlPlane
     node_root: Path
+    jobset: JobSet
+    trainer: Trainer
     kueue: Kueue
     operator: TrainingOperator
     webhook: InstalledWebhook
@@ -40,20 +43,26 @@ class KubeflowCluster:
     def logs(self) -> str:
         """The controllers' last lines, for a failure's account."""
         return "\n".join(
-            (self.control_plane.logs(), self.kueue.log(), self.operator.log(), self.webhook.log())
+            (
+                self.control_plane.logs(),
+                *(part.log() for part in (self.jobset, self.trainer, self.kueue, self.operator)),
+                self.webhook.log(),
+            )
         )
 
 
 @contextlib.contextmanager
 def with_kubeflow(control_plane: ControlPlane, node_root: Path) -> Iterator[KubeflowCluster]:
-    """Kueue, the training-operator and the webhook on ``control_plane``, whose nodes
-    keep their pods under ``node_root``."""
+    """The job controllers and the webhook on ``control_plane``, whose nodes keep their
+    pods under ``node_root``; Kueue after the Trainer and JobSet, whose kinds it manages."""
     with (
+        JobSet(control_plane) as jobset,
+        Trainer(control_plane) as trainer,
         Kueue(control_plane) as kueue,
         TrainingOperator(control_plane) as operator,
         InstalledWebhook(control_plane) as webhook,
     ):
-        yield KubeflowCluster(control_plane, node_root, kueue, operator, webhook)
+        yield KubeflowCluster(control_plane, node_root, jobset, trainer, kueue, operator, webhook)
 
 
 @contextlib.contextmanager

@@ -1,16 +1,18 @@
-"""The cluster demo's flow: a PyTorchJob preempted by Kueue and admitted again.
+"""The cluster demo's flow: a PyTorchJob or a TrainJob preempted by Kueue and admitted again.
 
 On a ``KubeflowCluster`` the flow creates only what users and platform teams
 do: the namespace's opt-in (the embedded S3 store and its Secret), a
-ClusterQueue whose quota holds one job, and three PyTorchJobs of the demo's
-HF Trainer script, unchanged:
+ClusterQueue whose quota holds one job, and three jobs of one kind of the
+demo's HF Trainer script, unchanged:
 
 1. ``reference``, alone, uninterrupted: its final weights are the truth;
 2. ``low`` (low priority), the same training, until it has made progress;
 3. ``high`` (high priority) arrives: Kueue evicts ``low``, whose pods the
-   operator deletes with their grace period; the shim stops at the next step and
-   the sidecar commits the JIT checkpoint; ``high`` runs and finishes; Kueue
-   admits ``low`` again, the operator creates new pods, the webhook injects
+   controllers delete with their grace period (the training-operator; or the
+   Trainer suspending the JobSet, whose Jobs' pods the Job controller deletes);
+   the shim stops at the next step and the sidecar commits the JIT checkpoint;
+   ``high`` runs and finishes; Kueue admits ``low`` again, the controllers
+   create new pods, the webhook injects
    them, the sidecar restores, and ``low`` ends with its weights compared
    bitwise with the reference's.
 
@@ -31,14 +33,21 @@ from typing import Any
 
 from kubernetes import client
 
-from local.clusterdemo.jobs import MAX_STEPS, NAMESPACE, PROGRESS_STEP, opt_in, pytorchjob, training
+from local.clusterdemo.jobs import (
+    MAX_STEPS,
+    NAMESPACE,
+    PROGRESS_STEP,
+    JobKind,
+    opt_in,
+    training,
+)
 from local.clusterdemo.observe import (
     PodRecorder,
     Timeline,
     cluster_state,
     container,
-    job_condition,
     progress,
+    succeeded,
     wait,
 )
 from local.demo.destination import Destination
@@ -54,6 +63,7 @@ from webhook.status import AGENT
 class FlowResult:
     """What the flow saw, as the JSON summary says it."""
 
+    kind: str
     jit_step: int | None
     preempted_exit_code: int | None
     resumed_exit_code: int | None
@@ -82,13 +92,15 @@ class FlowResult:
 def run_flow(
     api: client.ApiClient,
     node_root: Path,
+    kind: JobKind,
     *,
     workdir: Path,
     destination: Destination,
     say: Callable[[str], None],
     logs: Callable[[], str] = lambda: "",
 ) -> FlowResult:
-    """The three jobs on the cluster ``api`` reaches; ``workdir`` gets their outputs."""
+    """The three jobs of ``kind`` on the cluster ``api`` reaches; ``workdir`` gets their
+    outputs."""
     custom = client.CustomObjectsApi(api)
     (workdir / "weights").mkdir(parents=True, exist_ok=True)
     opt_in(api, destination)
@@ -103,31 +115,38 @@ def run_flow(
     def jit_step() -> int | None:
         return min(watcher.valid_at) if watcher.valid_at else None
 
-    timeline.follow(api, node_root, jit_step)
+    timeline.follow(api, node_root, kind, jit_step)
 
     def state() -> str:
-        return f"{cluster_state(api, node_root)}\n{logs()}"
+        return f"{cluster_state(api, node_root, kind)}\n{logs()}"
 
-    def create(job: dict[str, Any]) -> None:
-        custom.create_namespaced_custom_object("kubeflow.org", "v1", NAMESPACE, "pytorchjobs", job)
+    def create(name: str, priority: str, command: list[str]) -> None:
+        job = kind.manifest(name, priority, command, workdir)
+        custom.create_namespaced_custom_object(
+            kind.group, kind.version, NAMESPACE, kind.plural, job
+        )
 
+    def ended(name: str) -> Callable[[], bool]:
+        return succeeded(custom, kind, name)
+
+    title = kind.api_kind
     try:
-        create(pytorchjob("reference", "low", training("reference", workdir), workdir))
-        say("PyTorchJob reference (low priority): admitted by Kueue, trains uninterrupted")
-        wait(job_condition(custom, "reference", "Succeeded"), 240, "the reference's end", state)
-        create(pytorchjob("low", "low", training("low", workdir), workdir))
-        say(f"PyTorchJob low (low priority): admitted, training {MAX_STEPS} steps")
-        wait(progress(node_root, "low-master-0", PROGRESS_STEP), 180, "low's progress", state)
-        create(pytorchjob("high", "high", ["python", "-c", "print('high ran')"], workdir))
-        say(f"step {PROGRESS_STEP} reached: PyTorchJob high (high priority) submitted")
-        wait(job_condition(custom, "high", "Succeeded"), 240, "high's end", state)
+        create("reference", "low", training("reference", workdir))
+        say(f"{title} reference (low priority): admitted by Kueue, trains uninterrupted")
+        wait(ended("reference"), 240, "the reference's end", state)
+        create("low", "low", training("low", workdir))
+        say(f"{title} low (low priority): admitted, training {MAX_STEPS} steps")
+        wait(progress(node_root, kind, "low", PROGRESS_STEP), 180, "low's progress", state)
+        create("high", "high", ["python", "-c", "print('high ran')"])
+        say(f"step {PROGRESS_STEP} reached: {title} high (high priority) submitted")
+        wait(ended("high"), 240, "high's end", state)
         say("high ran and finished (Kueue had preempted low for it)")
-        wait(job_condition(custom, "low", "Succeeded"), 300, "low's end after resuming", state)
+        wait(ended("low"), 300, "low's end after resuming", state)
     finally:
         recorder.stop()
         watcher.stop()
         timeline.stop()
-    return _judge(recorder, watcher, timeline, workdir, say)
+    return _judge(recorder, watcher, timeline, workdir, say, kind=kind)
 
 
 def _judge(
@@ -136,17 +155,19 @@ def _judge(
     timeline: Timeline,
     workdir: Path,
     say: Callable[[str], None],
+    *,
+    kind: JobKind,
 ) -> FlowResult:
-    first, *later = recorder.of_job("low")
-    preempted = container(first[-1], "pytorch")
+    first, *later = recorder.of_job(kind, "low")
+    preempted = container(first[-1], kind.container)
     sidecar = container(first[-1], AGENT)
     doc = (
         json.loads(sidecar.state.terminated.message) if sidecar and sidecar.state.terminated else {}
     )
     committed = doc.get("last_committed") or {}
     step = committed.get("step") if committed.get("kind") == "jit" else None
-    (high, *_) = recorder.of_job("high") or [[None]]
-    resumed = container(later[-1][-1], "pytorch") if later else None
+    (high, *_) = recorder.of_job(kind, "high") or [[None]]
+    resumed = container(later[-1][-1], kind.container) if later else None
 
     def code(status: Any) -> int | None:
         terminated = status.state.terminated if status is not None else None
@@ -156,10 +177,11 @@ def _judge(
     comparison = compare_files(weights / "low.pt", weights / "reference.pt")
     committed_at = watcher.valid_at.get(step) if step is not None else None
     result = FlowResult(
+        kind=kind.name,
         jit_step=step,
         preempted_exit_code=code(preempted),
         resumed_exit_code=code(resumed),
-        high_exit_code=code(container(high[-1], "pytorch")) if high[-1] is not None else None,
+        high_exit_code=code(container(high[-1], kind.container)) if high[-1] is not None else None,
         pods_of_low=1 + len(later),
         weights_equal=comparison.equal,
         differences=comparison.differing[:5],

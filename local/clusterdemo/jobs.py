@@ -1,9 +1,11 @@
 """What the cluster demo submits, as users and platform teams write it: the namespace's
-opt-in, a ClusterQueue whose quota holds one job, and PyTorchJobs of the demo's HF
-Trainer script, unchanged."""
+opt-in, a ClusterQueue whose quota holds one job, and PyTorchJobs or TrainJobs of the
+demo's HF Trainer script, unchanged."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,49 +70,121 @@ def queue_objects() -> list[dict[str, Any]]:
     return [flavor, cluster_queue, local_queue, *priorities]
 
 
-def pytorchjob(name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
-    """A PyTorchJob as a user writes one for Kueue: one master, 1 CPU, its queue named."""
+IMAGE = "registry.example/team/trainer:1.0"
+RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}}
+
+
+def _queued(name: str, priority: str) -> dict[str, Any]:
+    """The metadata of a job for Kueue: its LocalQueue and its priority named."""
+    labels = {f"{KUEUE}/queue-name": QUEUE, f"{KUEUE}/priority-class": priority}
+    return {"name": name, "namespace": NAMESPACE, "labels": labels}
+
+
+def _volumes(name: str, work: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the trainer's mounts: its output directory its own (an
+    emptyDir, as in a container), the final weights on the host for the comparison."""
     out = work / "output" / name
     out.mkdir(parents=True, exist_ok=True)
-    container = {
-        "name": "pytorch",
-        "image": "registry.example/team/trainer:1.0",
-        "command": command,
-        "env": [{"name": k, "value": v} for k, v in {**IMAGE_ENV, "PYTHONHASHSEED": "7"}.items()],
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
-        # The pod's output directory is its own (an emptyDir), as in a container.
-        "volumeMounts": [
-            {"name": "output", "mountPath": str(out)},
-            {"name": "weights", "mountPath": str(work / "weights")},
-        ],
-    }
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": {f"{KUEUE}/queue-name": QUEUE, f"{KUEUE}/priority-class": priority},
-        },
-        "spec": {
-            "nprocPerNode": "1",
-            "pytorchReplicaSpecs": {
-                "Master": {
-                    "replicas": 1,
-                    "restartPolicy": "Never",
-                    "template": {
-                        "spec": {
-                            "containers": [container],
-                            "volumes": [
-                                {"name": "output", "emptyDir": {}},
-                                {"name": "weights", "hostPath": {"path": str(work / "weights")}},
-                            ],
-                        }
-                    },
-                }
+    volumes = [
+        {"name": "output", "emptyDir": {}},
+        {"name": "weights", "hostPath": {"path": str(work / "weights")}},
+    ]
+    mounts = [
+        {"name": "output", "mountPath": str(out)},
+        {"name": "weights", "mountPath": str(work / "weights")},
+    ]
+    return volumes, mounts
+
+
+def _env() -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in {**IMAGE_ENV, "PYTHONHASHSEED": "7"}.items()]
+
+
+@dataclass(frozen=True)
+class JobKind(ABC):
+    """One Kubeflow job kind as the flow submits and follows it: its API, the label its
+    controller puts on the job's pods, the trainer's container, the condition of a job
+    that ended well."""
+
+    name: str
+    api_kind: str
+    group: str
+    version: str
+    plural: str
+    pod_label: str
+    container: str
+    succeeded: str
+
+    @abstractmethod
+    def manifest(self, name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
+        """The job ``name`` as a user writes it for Kueue: one node, 1 CPU, its queue named."""
+
+    @abstractmethod
+    def trainer_pod(self, job: str) -> str:
+        """A glob of the names of ``job``'s trainer pod (every instance of it)."""
+
+
+class PyTorchJobKind(JobKind):
+    def manifest(self, name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
+        volumes, mounts = _volumes(name, work)
+        container = {"name": self.container, "image": IMAGE, "command": command, "env": _env(),
+                     "resources": RESOURCES, "volumeMounts": mounts}  # fmt: skip
+        master = {
+            "replicas": 1,
+            "restartPolicy": "Never",
+            "template": {"spec": {"containers": [container], "volumes": volumes}},
+        }
+        return {
+            "apiVersion": f"{self.group}/{self.version}",
+            "kind": self.api_kind,
+            "metadata": _queued(name, priority),
+            "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {"Master": master}},
+        }
+
+    def trainer_pod(self, job: str) -> str:
+        return f"{job}-master-0"  # the operator's name for the master pod, every instance
+
+
+class TrainJobKind(JobKind):
+    """A TrainJob of the Trainer's ``torch-distributed`` runtime; its volumes through a
+    runtime patch of the user's own manager, the way Trainer v2 takes pod changes."""
+
+    def manifest(self, name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
+        volumes, mounts = _volumes(name, work)
+        pod = {"volumes": volumes, "containers": [{"name": self.container, "volumeMounts": mounts}]}
+        node = {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
+        patch = {
+            "manager": "team.example/volumes",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [node]}}},
+        }
+        trainer = {"image": IMAGE, "command": command, "env": _env(), "numNodes": 1,
+                   "resourcesPerNode": RESOURCES}  # fmt: skip
+        return {
+            "apiVersion": f"{self.group}/{self.version}",
+            "kind": self.api_kind,
+            "metadata": _queued(name, priority),
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "trainer": trainer,
+                "runtimePatches": [patch],
             },
-        },
-    }
+        }
+
+    def trainer_pod(self, job: str) -> str:
+        # JobSet's Job "<job>-node-0", whose pod of index 0 gets a generated suffix
+        return f"{job}-node-0-0-*"
+
+
+KINDS: dict[str, JobKind] = {
+    "pytorchjob": PyTorchJobKind(
+        "pytorchjob", "PyTorchJob", "kubeflow.org", "v1", "pytorchjobs",
+        "training.kubeflow.org/job-name", "pytorch", "Succeeded",
+    ),
+    "trainjob": TrainJobKind(
+        "trainjob", "TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs",
+        "jobset.sigs.k8s.io/jobset-name", "node", "Complete",
+    ),
+}  # fmt: skip
 
 
 def training(name: str, work: Path) -> list[str]:

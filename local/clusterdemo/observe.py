@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client, watch
 
-from local.clusterdemo.jobs import KUEUE, NAMESPACE
+from local.clusterdemo.jobs import KUEUE, NAMESPACE, JobKind
 
 T = TypeVar("T")
 
@@ -48,12 +48,12 @@ class PodRecorder:
         self._stopped.set()
         self._watch.stop()
 
-    def of_job(self, job: str) -> list[list[Any]]:
+    def of_job(self, kind: JobKind, job: str) -> list[list[Any]]:
         """Each pod of ``job``, first created first, as the list of its states."""
         pods = [
             states
             for states in self.seen.values()
-            if states[0].metadata.labels.get("training.kubeflow.org/job-name") == job
+            if (states[0].metadata.labels or {}).get(kind.pod_label) == job
         ]
         return sorted(pods, key=lambda states: states[0].metadata.creation_timestamp)
 
@@ -63,11 +63,12 @@ def container(pod: Any, name: str) -> Any:
     return next((s for s in statuses if s.name == name), None)
 
 
-def progress(node_root: Path, pod: str, step: int) -> Callable[[], bool]:
-    """Whether the trainer of ``pod`` (any instance) has logged step ``step``."""
+def progress(node_root: Path, kind: JobKind, job: str, step: int) -> Callable[[], bool]:
+    """Whether the trainer of ``job`` (any instance of its pod) has logged step ``step``."""
+    logs = f"*/pods/{NAMESPACE}_{kind.trainer_pod(job)}_*/containers/{kind.container}/log"
 
     def read() -> bool:
-        for log in node_root.glob(f"*/pods/{NAMESPACE}_{pod}_*/containers/pytorch/log"):
+        for log in node_root.glob(logs):
             if f"step {step}/" in log.read_text(errors="replace"):
                 return True
         return False
@@ -75,22 +76,24 @@ def progress(node_root: Path, pod: str, step: int) -> Callable[[], bool]:
     return read
 
 
-def job_condition(custom: client.CustomObjectsApi, name: str, kind: str) -> Callable[[], bool]:
+def succeeded(custom: client.CustomObjectsApi, kind: JobKind, name: str) -> Callable[[], bool]:
+    """Whether the job ``name`` holds its kind's condition of a good end."""
+
     def read() -> bool:
         job: Any = custom.get_namespaced_custom_object(
-            "kubeflow.org", "v1", NAMESPACE, "pytorchjobs", name
+            kind.group, kind.version, NAMESPACE, kind.plural, name
         )
         conditions = (job.get("status") or {}).get("conditions") or []
-        return any(c["type"] == kind and c["status"] == "True" for c in conditions)
+        return any(c["type"] == kind.succeeded and c["status"] == "True" for c in conditions)
 
     return read
 
 
-def cluster_state(api: client.ApiClient, node_root: Path) -> str:
+def cluster_state(api: client.ApiClient, node_root: Path, kind: JobKind) -> str:
     """What a failure needs: the jobs' and workloads' conditions, each pod's phase and
     containers, the last lines of each container's log."""
     custom, lines = client.CustomObjectsApi(api), []
-    for group, version, plural in (("kubeflow.org", "v1", "pytorchjobs"),
+    for group, version, plural in ((kind.group, kind.version, kind.plural),
                                    (KUEUE, "v1beta2", "workloads")):  # fmt: skip
         listed: Any = custom.list_namespaced_custom_object(group, version, NAMESPACE, plural)
         for item in listed["items"]:
@@ -145,7 +148,11 @@ class Timeline:
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def follow(
-        self, api: client.ApiClient, node_root: Path, resumed_from: Callable[[], int | None]
+        self,
+        api: client.ApiClient,
+        node_root: Path,
+        kind: JobKind,
+        resumed_from: Callable[[], int | None],
     ) -> threading.Thread:
         custom = client.CustomObjectsApi(api)
 
@@ -176,7 +183,7 @@ class Timeline:
                     self.readmitted is not None
                     and self.resumed_step is None
                     and step is not None
-                    and progress(node_root, "low-master-0", step + 1)()
+                    and progress(node_root, kind, "low", step + 1)()
                 ):
                     self.resumed_step = now
 

@@ -11,13 +11,14 @@ from typing import IO
 
 from local.clusterdemo.cluster import kubeflow_cluster
 from local.clusterdemo.flow import run_flow
+from local.clusterdemo.jobs import KINDS
 from local.clusterdemo.observe import FlowError
 from local.controlplane.binaries import MissingBinary
 from local.controlplane.cluster import ControlPlaneError
 from local.demo.destination import Destination
 
 
-def run_cluster_demo(workdir: Path | None, keep: bool, as_json: bool) -> int:
+def run_cluster_demo(workdir: Path | None, keep: bool, as_json: bool, kind: str) -> int:
     """0 when the preempted job resumed bitwise, 1 when not, 2 when the cluster can't run."""
     account: IO[str] = sys.stderr if as_json else sys.stdout
 
@@ -30,11 +31,12 @@ def run_cluster_demo(workdir: Path | None, keep: bool, as_json: bool) -> int:
     summary: dict[str, object]
     try:
         say("starting etcd, kube-apiserver, its controllers, two nodes, Kueue, the "
-            "training-operator and jitckpt's webhook (deploy/) on 127.0.0.1")  # fmt: skip
+            "training-operator, the Trainer with JobSet and jitckpt's webhook (deploy/) on "
+            "127.0.0.1")  # fmt: skip
         with kubeflow_cluster(work) as cluster:
             api = cluster.api()
             try:
-                result = run_flow(api, cluster.node_root, workdir=work / "jobs",
+                result = run_flow(api, cluster.node_root, KINDS[kind], workdir=work / "jobs",
                                   destination=destination, say=say, logs=cluster.logs)  # fmt: skip
             finally:
                 api.close()

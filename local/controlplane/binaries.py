@@ -19,6 +19,8 @@ GO_MOD = REPO / "tools" / "controlplane" / "go.mod"
 HELM_GO_MOD = REPO / "tools" / "controlplane" / "helm" / "go.mod"
 KUEUE_GO_MOD = REPO / "tools" / "controlplane" / "kueue" / "go.mod"
 OPERATOR_GO_MOD = REPO / "tools" / "controlplane" / "training-operator" / "go.mod"
+TRAINER_GO_MOD = REPO / "tools" / "controlplane" / "trainer" / "go.mod"
+JOBSET_GO_MOD = REPO / "tools" / "controlplane" / "jobset" / "go.mod"
 CACHE_ENV = "JITCKPT_CONTROLPLANE_CACHE"
 DEFAULT_CACHE = Path("/var/cache/jitckpt/controlplane")
 # component -> the module whose version names its build, and the go.mod that pins it
@@ -30,6 +32,8 @@ MODULES = {
     "helm": ("helm.sh/helm/v3", HELM_GO_MOD),
     "kueue": ("sigs.k8s.io/kueue", KUEUE_GO_MOD),
     "training-operator": ("github.com/kubeflow/training-operator", OPERATOR_GO_MOD),
+    "trainer": ("github.com/kubeflow/trainer/v2", TRAINER_GO_MOD),
+    "jobset": ("sigs.k8s.io/jobset", JOBSET_GO_MOD),
 }
 
 

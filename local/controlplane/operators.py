@@ -1,4 +1,5 @@
-"""The job controllers beside the control plane: Kueue and the Kubeflow training-operator.
+"""The job controllers beside the control plane: Kueue, the Kubeflow training-operator
+(PyTorchJob), the Kubeflow Trainer (TrainJob) and the JobSet controller it needs.
 
 Each runs as a local process, built by ``make controlplane`` from its own Go
 module, with its CRDs applied from the YAML its module ships (copied into the
@@ -8,12 +9,13 @@ module cache here). Their admission webhooks are their own, served over TLS on
 network: the webhook configurations are the modules' own, with only
 ``clientConfig`` replaced and the webhooks of frameworks not run dropped.
 
-Both binaries read some certificate files from fixed paths (Kueue its metrics
-certificate under ``/etc/kueue``, the training-operator's certificate rotator
-its serving certificate under ``/tmp/k8s-webhook-server``); each runs in a
-mount namespace of its own where those paths hold this cluster's files, so the
-machine's ``/etc`` is never written and two clusters on one machine do not
-share them. Both act with the administrator's credential of the cluster.
+Some binaries read certificate files from fixed paths whatever their flags say
+(Kueue its metrics certificate under ``/etc/kueue``, the training-operator's
+certificate rotator and the Trainer's webhook server their serving certificate
+under ``/tmp/k8s-webhook-server``); each runs in a mount namespace of its own
+where those paths hold this cluster's files, so the machine's ``/etc`` is never
+written and two clusters on one machine do not share them. All act with the
+administrator's credential of the cluster.
 """
 
 from __future__ import annotations
@@ -43,8 +45,14 @@ CRD_SECONDS = 60
 OPERATOR_NAMESPACE = "kubeflow"
 # The Secret the training-operator's certificate rotator fills (its --webhook-secret-name).
 OPERATOR_CERT_SECRET = "training-operator-webhook-cert"
-# What Kueue's webhooks are kept for: its own kinds, and the one framework it manages.
-KUEUE_WEBHOOKS = ("clusterqueue", "cohort", "resourceflavor", "workload", "pytorchjob")
+# What Kueue's webhooks are kept for: its own kinds, and the frameworks it manages.
+KUEUE_WEBHOOKS = ("clusterqueue", "cohort", "resourceflavor", "workload", "pytorchjob", "trainjob")
+KUEUE_FRAMEWORKS = ("kubeflow.org/pytorchjob", "trainer.kubeflow.org/trainjob")
+# Where controller-runtime's webhook server (the training-operator's, the Trainer's) reads
+# its serving certificate, whatever the configuration says.
+SERVING_CERTS = "/tmp/k8s-webhook-server/serving-certs"
+# The Trainer's runtimes the cluster offers, from its manifests (a platform installs these).
+TRAINER_RUNTIMES = ("torch_distributed.yaml",)
 
 
 def manifests(component: str, *parts: str) -> Path:
@@ -53,16 +61,25 @@ def manifests(component: str, *parts: str) -> Path:
 
 
 def url_webhooks(
-    path: Path, url: str, ca: bytes, keep: Iterable[str], prefix: str
+    path: Path,
+    url: str,
+    ca: bytes,
+    keep: Iterable[str],
+    prefix: str,
+    *,
+    patches: dict[str, Path] | None = None,
 ) -> list[dict[str, Any]]:
     """The webhook configurations of ``path`` reached at ``url`` + each webhook's path,
     trusting ``ca``; only the webhooks whose names contain one of ``keep``; each
-    configuration renamed with ``prefix`` (as the component's kustomization does)."""
+    configuration renamed with ``prefix`` (as the component's kustomization does), and
+    the kustomization's JSON patches of ``patches`` (kind -> file) applied to it."""
     kept = tuple(keep)
     configurations = []
     for doc in yaml.safe_load_all(path.read_text()):
         if not doc or not doc.get("kind", "").endswith("WebhookConfiguration"):
             continue
+        if patches and doc["kind"] in patches:
+            _replace(doc, yaml.safe_load(patches[doc["kind"]].read_text()))
         hooks = []
         for hook in doc.get("webhooks") or []:
             if not any(word in hook["name"] for word in kept):
@@ -76,6 +93,22 @@ def url_webhooks(
         doc["webhooks"] = hooks
         configurations.append(doc)
     return configurations
+
+
+def _replace(doc: dict[str, Any], operations: list[dict[str, Any]]) -> None:
+    """A kustomization's JSON patch of ``replace`` operations applied to ``doc``: the only
+    operation the components' webhook patches use; any other is refused, never skipped."""
+    for operation in operations:
+        if operation.get("op") != "replace":
+            raise ControlPlaneError(f"unsupported webhook patch operation {operation!r}")
+        *parents, last = operation["path"].strip("/").split("/")
+        holder: Any = doc
+        for key in parents:
+            holder = holder[int(key)] if isinstance(holder, list) else holder[key]
+        if isinstance(holder, list):
+            holder[int(last)] = operation["value"]
+        else:
+            holder[last] = operation["value"]
 
 
 def in_private_mounts(argv: list[str], setup: str) -> list[str]:
@@ -101,8 +134,15 @@ class _Operator(LocalService):
         return (work / "certs" / CA_FILE).read_bytes()
 
     def _apply_crds(self, path: Path) -> None:
-        """The CRDs of ``path`` (a file or a folder), once the API server serves them."""
-        applied = run_kubectl(self.cluster, "apply", "--server-side", "-o", "name", "-f", str(path))
+        """The CRDs of ``path`` (a file, or a folder's YAML but its kustomization), once the
+        API server serves them."""
+        files = (
+            [path]
+            if path.is_file()
+            else sorted(p for p in path.glob("*.yaml") if p.name != "kustomization.yaml")
+        )
+        sources = [arg for file in files for arg in ("-f", str(file))]
+        applied = run_kubectl(self.cluster, "apply", "--server-side", "-o", "name", *sources)
         # Polled, not `kubectl wait`: that fails on a CRD whose status has no conditions yet.
         deadline = time.monotonic() + CRD_SECONDS
         for name in applied.split():
@@ -132,7 +172,9 @@ class _Operator(LocalService):
 
 @dataclass
 class Kueue(_Operator):
-    """Kueue's controller manager, managing PyTorchJobs that name a LocalQueue."""
+    """Kueue's controller manager, managing PyTorchJobs and TrainJobs that name a
+    LocalQueue. Started after the Trainer and JobSet: Kueue sets up an integration only
+    if its kinds are served when it starts."""
 
     def start(self) -> Kueue:
         work = self._certified_workdir("kueue")
@@ -151,7 +193,7 @@ class Kueue(_Operator):
             "leaderElection": {"leaderElect": False},
             # On by default, it serves its API on a fixed port of every interface.
             "featureGates": {"VisibilityOnDemand": False},
-            "integrations": {"frameworks": ["kubeflow.org/pytorchjob"]},
+            "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
         }
         (work / "config.yaml").write_text(yaml.safe_dump(config))
         certs, upper = work / "certs", work / "etc"
@@ -194,11 +236,7 @@ class TrainingOperator(_Operator):
         self._apply_crds(crds / "kubeflow.org_pytorchjobs.yaml")
         # Its certificate rotator waits for a serving certificate at this fixed path
         # (and its webhook server serves from there): this cluster's, in its namespace.
-        served = "/tmp/k8s-webhook-server/serving-certs"
-        setup = "\n".join([
-            f"mkdir -p {served}",
-            f"mount --bind {shlex.quote(str(work / 'certs'))} {served}",
-        ])  # fmt: skip
+        setup = _serving_certs(work)
         argv = [
             str(binary("training-operator")),
             f"--kubeconfig={self.cluster.kubeconfig}",
@@ -222,4 +260,80 @@ class TrainingOperator(_Operator):
             "training-operator-",
         )
         self._apply(webhooks)
+        return self
+
+
+def _serving_certs(work: Path) -> str:
+    """The shell lines that put ``work``'s certificates at controller-runtime's fixed path."""
+    certs = shlex.quote(str(work / "certs"))
+    return f"mkdir -p {SERVING_CERTS}\nmount --bind {certs} {SERVING_CERTS}"
+
+
+@dataclass
+class JobSet(_Operator):
+    """The JobSet controller: the Trainer runs each TrainJob as a JobSet, whose Jobs
+    kube-controller-manager's Job controller runs as pods."""
+
+    def start(self) -> JobSet:
+        work = self._certified_workdir("jobset")
+        webhook_port, health_port = free_port(HOST), free_port(HOST)
+        self._apply_crds(manifests("jobset", "config", "components", "crd", "bases"))
+        config = {
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "webhook": {"host": HOST, "port": webhook_port, "certDir": str(work / "certs")},
+            "health": {"healthProbeBindAddress": f"{HOST}:{health_port}"},
+            "metrics": {"bindAddress": "0"},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+        }
+        (work / "config.yaml").write_text(yaml.safe_dump(config))
+        self._run(
+            [str(binary("jobset")), f"--config={work / 'config.yaml'}",
+             f"--kubeconfig={self.cluster.kubeconfig}"],
+            "jobset", health_port,
+        )  # fmt: skip
+        # Its pod webhooks only for JobSet pods: the objectSelector its kustomization's
+        # patches add, applied as they are.
+        webhook = manifests("jobset", "config", "components", "webhook")
+        patches = {
+            "MutatingWebhookConfiguration": webhook / "patches" / "mutating-patch.yaml",
+            "ValidatingWebhookConfiguration": webhook / "patches" / "validating-patch.yaml",
+        }
+        self._apply(
+            url_webhooks(webhook / "manifests.yaml", f"https://{HOST}:{webhook_port}",
+                         self._ca(work), ("kb.io",), "jobset-", patches=patches)
+        )  # fmt: skip
+        return self
+
+
+@dataclass
+class Trainer(_Operator):
+    """The Kubeflow Trainer's controller manager (v2): TrainJobs run as JobSets from the
+    cluster's training runtimes (its own ``torch-distributed`` applied)."""
+
+    def start(self) -> Trainer:
+        work = self._certified_workdir("trainer")
+        webhook_port, health_port = free_port(HOST), free_port(HOST)
+        base = manifests("trainer", "manifests", "base")
+        self._apply_crds(base / "crds")
+        config = {
+            "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+            "kind": "Configuration",
+            "webhook": {"host": HOST, "port": webhook_port},
+            "health": {"healthProbeBindAddress": f"{HOST}:{health_port}"},
+            "metrics": {"bindAddress": "0"},
+            "leaderElection": {"leaderElect": False},
+            "certManagement": {"enable": False},
+        }
+        (work / "config.yaml").write_text(yaml.safe_dump(config))
+        argv = [str(binary("trainer")), f"--config={work / 'config.yaml'}",
+                f"--kubeconfig={self.cluster.kubeconfig}"]  # fmt: skip
+        self._run(in_private_mounts(argv, _serving_certs(work)), "trainer", health_port)
+        self._apply(
+            url_webhooks(base / "webhook" / "manifests.yaml", f"https://{HOST}:{webhook_port}",
+                         self._ca(work), ("trainer.kubeflow.org",), "trainer-")
+        )  # fmt: skip
+        for runtime in TRAINER_RUNTIMES:
+            self._apply(list(yaml.safe_load_all((base / "runtimes" / runtime).read_text())))
         return self

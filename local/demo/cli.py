@@ -89,9 +89,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cluster",
         action="store_true",
         help="run on a real control plane instead (kube-apiserver, its controllers, Kueue, "
-        "the training-operator, the webhook from deploy/): Kueue preempts a PyTorchJob of the "
-        "bundled script and admits it again; takes only --json, --workdir and --keep "
-        "(needs `make controlplane`)",
+        "the training-operator, the Trainer with JobSet, the webhook from deploy/): Kueue "
+        "preempts a PyTorchJob (or with --kind trainjob a TrainJob) of the bundled script and "
+        "admits it again; takes only --kind, --json, --workdir and --keep (needs `make "
+        "controlplane`)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON summary on stdout")
     parser.add_argument(
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         if args.script is not None or args.script_args or args.destination:
             print("jitckpt demo: --cluster runs the bundled script only", file=sys.stderr)
             return 2
-        return run_cluster_demo(args.workdir, args.keep, args.json)
+        return run_cluster_demo(args.workdir, args.keep, args.json, args.kind)
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]

@@ -247,7 +247,11 @@ def write_hosts_file(path: Path, pod: PodContext) -> Path | None:
     """The kubelet's ``/etc/hosts`` for a pod: localhost, the pod's own name on its IP
     (a PyTorchJob's ``MASTER_ADDR`` is the master pod's name, which the master must
     resolve to itself), and its ``hostAliases``. None for a ``hostNetwork`` pod, which
-    sees the machine's."""
+    sees the machine's.
+
+    A pod of a subdomain also gets the shorter names of its FQDN that cluster DNS
+    resolves through the pod's search domains (``hostname.subdomain``: a TrainJob's
+    ``PET_MASTER_ADDR``), since no DNS server runs here."""
     if pod.spec.get("hostNetwork"):
         return None
     metadata = pod.metadata
@@ -255,7 +259,8 @@ def write_hosts_file(path: Path, pod: PodContext) -> Path | None:
     names = [hostname]
     if pod.spec.get("subdomain"):
         namespace = metadata.get("namespace", "default")
-        names.insert(0, f"{hostname}.{pod.spec['subdomain']}.{namespace}.svc.cluster.local")
+        fqdn = f"{hostname}.{pod.spec['subdomain']}.{namespace}.svc.cluster.local"
+        names = [fqdn, hostname, *_search_names(fqdn)]
     lines = [
         "# Kubernetes-managed hosts file.",
         "127.0.0.1\tlocalhost",
@@ -268,6 +273,13 @@ def write_hosts_file(path: Path, pod: PodContext) -> Path | None:
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o644)
     return path
+
+
+def _search_names(fqdn: str) -> list[str]:
+    """``a.b.ns.svc.cluster.local`` -> ``a.b``, ``a.b.ns``, ``a.b.ns.svc``: what a search
+    domain of the pod's namespace, ``svc.cluster.local`` or ``cluster.local`` completes."""
+    parts = fqdn.split(".")
+    return [".".join(parts[:n]) for n in range(2, len(parts) - 1)]
 
 
 def _ensure_mount_point(bind: BindMount) -> None:

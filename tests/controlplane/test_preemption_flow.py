@@ -1,8 +1,10 @@
-"""``jitckpt demo --cluster``: Kueue preempts a PyTorchJob and admits it again, end to end.
+"""``jitckpt demo --cluster``: Kueue preempts a PyTorchJob, and a TrainJob, and admits it
+again, end to end.
 
 Every part is the real one: the API server admits every pod through jitckpt's
 webhook (installed from deploy/), Kueue admits and preempts the jobs of a
-ClusterQueue whose quota holds one, the training-operator creates and deletes
+ClusterQueue whose quota holds one, the training-operator (a PyTorchJob's) or
+the Trainer, JobSet and the Job controller (a TrainJob's) create and delete
 their pods, kube-scheduler binds them, ``local/kubelet`` runs them, and the
 script is the demo's HF Trainer script, unchanged (``local/clusterdemo``).
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from local.clusterdemo.jobs import MAX_STEPS, NAMESPACE, PROGRESS_STEP
+from local.clusterdemo.jobs import KINDS, MAX_STEPS, NAMESPACE, PROGRESS_STEP
 from local.controlplane.binaries import MissingBinary, binary
 from local.demo.weights import compare_files
 from shim.layout import JIT_EXIT_CODE
@@ -31,11 +33,12 @@ from tests.support.tools import unavailable
 pytestmark = [pytest.mark.xdist_group("cluster-demo")]
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kueue",
-              "training-operator")  # fmt: skip
+              "training-operator", "trainer", "jobset")  # fmt: skip
 
 
-def test_kueue_preempts_a_pytorchjob_and_it_resumes_bitwise_when_admitted_again(
-    tmp_path: Path,
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_kueue_preempts_a_job_and_it_resumes_bitwise_when_admitted_again(
+    tmp_path: Path, kind: str
 ) -> None:
     try:
         for component in COMPONENTS:
@@ -44,13 +47,14 @@ def test_kueue_preempts_a_pytorchjob_and_it_resumes_bitwise_when_admitted_again(
         unavailable(str(exc))
     jitckpt = Path(sys.executable).with_name("jitckpt")
     done = subprocess.run(
-        [str(jitckpt), "demo", "--cluster", "--json", "--workdir", str(tmp_path)],
+        [str(jitckpt), "demo", "--cluster", "--kind", kind, "--json", "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"{done.stderr[-20000:]}\n{done.stdout}"
     summary = json.loads(done.stdout)
     account = done.stderr
     assert summary["ok"], account
+    assert summary["kind"] == kind
     assert summary["preempted_exit_code"] == JIT_EXIT_CODE
     assert PROGRESS_STEP <= summary["jit_step"] < MAX_STEPS
     assert summary["high_exit_code"] == 0
@@ -62,8 +66,10 @@ def test_kueue_preempts_a_pytorchjob_and_it_resumes_bitwise_when_admitted_again(
     weights = tmp_path / "jobs" / "weights"
     comparison = compare_files(weights / "low.pt", weights / "reference.pt")
     assert comparison.equal, comparison
+    job = KINDS[kind]
+    pods = f"{NAMESPACE}_{job.trainer_pod('low')}_*"
     logs = sorted(
-        tmp_path.glob(f"nodes/*/pods/{NAMESPACE}_low-master-0_*/containers/pytorch/log"),
+        tmp_path.glob(f"nodes/*/pods/{pods}/containers/{job.container}/log"),
         key=lambda log: log.stat().st_mtime,
     )
     assert len(logs) == 2, logs

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Builds the control plane's binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler) at the versions go.mod
-# pins, and helm (which renders and lints deploy/helm) at the version helm/go.mod pins
-# (a module of its own: its Kubernetes libraries are not kube-apiserver's), from the Go
-# module proxy, into a cache outside the repository keyed by
+# kube-scheduler) at the versions go.mod pins, the job controllers (Kueue, the
+# training-operator, the Trainer, JobSet) and helm (which renders and lints deploy/helm)
+# at the versions their own modules pin (each its own: their Kubernetes libraries are
+# not kube-apiserver's), from the Go module proxy, into a cache outside the repository keyed by
 # component and version, so a machine builds each once:
 #   $JITCKPT_CONTROLPLANE_CACHE/<component>-<version>/<component>
 # (default /var/cache/jitckpt/controlplane). A version already there is not rebuilt.
@@ -67,8 +67,9 @@ manifests() {
 	done
 }
 
-# Kueue, and the Kubeflow training-operator (PyTorchJob v1): modules of their own, each
-# with the Kubernetes libraries its upstream go.mod requires.
+# Kueue, the Kubeflow training-operator (PyTorchJob v1), and the Kubeflow Trainer (TrainJob,
+# v2) with the JobSet controller it creates JobSets for: modules of their own, each with
+# the Kubernetes libraries its upstream go.mod requires.
 kueue=$(version_of sigs.k8s.io/kueue kueue/go.mod)
 (cd kueue && manifests kueue "$kueue" sigs.k8s.io/kueue \
 	config/components/crd/bases config/components/webhook config/components/rbac &&
@@ -80,3 +81,12 @@ operator=$(version_of github.com/kubeflow/training-operator training-operator/go
 		manifests/base/webhook &&
 	build training-operator "$operator" \
 		github.com/kubeflow/training-operator/cmd/training-operator.v1)
+trainer=$(version_of github.com/kubeflow/trainer/v2 trainer/go.mod)
+(cd trainer && manifests trainer "$trainer" github.com/kubeflow/trainer/v2 \
+	manifests/base/crds manifests/base/webhook manifests/base/runtimes manifests/base/rbac &&
+	build trainer "$trainer" github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager)
+jobset=$(version_of sigs.k8s.io/jobset jobset/go.mod)
+(cd jobset && manifests jobset "$jobset" sigs.k8s.io/jobset config/components/crd/bases \
+	config/components/webhook config/components/webhook/patches config/components/rbac &&
+	build jobset "$jobset" sigs.k8s.io/jobset \
+		"-X sigs.k8s.io/jobset/pkg/version.GitVersion=$jobset")
