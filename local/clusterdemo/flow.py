@@ -43,6 +43,7 @@ from local.clusterdemo.jobs import (
 )
 from local.clusterdemo.observe import (
     PodRecorder,
+    SavedCheckpoints,
     Timeline,
     cluster_state,
     container,
@@ -64,6 +65,7 @@ class FlowResult:
     """What the flow saw, as the JSON summary says it."""
 
     kind: str
+    protected: bool  # jitckpt's; or the job's own periodic saves, not opted in
     jit_step: int | None
     preempted_exit_code: int | None
     resumed_exit_code: int | None
@@ -73,20 +75,34 @@ class FlowResult:
     differences: list[str]
     evicted_to_committed: float | None
     readmitted_to_first_step: float | None
+    # the last step the preempted pod ended, and the checkpoint the next one resumed from
+    preempted_at_step: int | None
+    checkpoint_step: int | None
+    # from the eviction to that checkpoint valid (negative: saved before the eviction)
+    evicted_to_checkpoint: float | None
+    # from the re-admission to the first step beyond the preempted one: progress regained
+    readmitted_to_progress: float | None
+
+    @property
+    def steps_redone(self) -> int | None:
+        if self.preempted_at_step is None or self.checkpoint_step is None:
+            return None
+        return self.preempted_at_step - self.checkpoint_step
 
     @property
     def ok(self) -> bool:
+        ran = self.resumed_exit_code == 0 and self.high_exit_code == 0 and self.pods_of_low >= 2
+        if not self.protected:
+            return ran
         return (
-            self.jit_step is not None
+            ran
+            and self.jit_step is not None
             and self.preempted_exit_code == JIT_EXIT_CODE
-            and self.resumed_exit_code == 0
-            and self.high_exit_code == 0
-            and self.pods_of_low >= 2
             and self.weights_equal
         )
 
     def summary(self) -> dict[str, Any]:
-        return {"ok": self.ok, **{k: v for k, v in vars(self).items()}}
+        return {"ok": self.ok, "steps_redone": self.steps_redone, **vars(self)}
 
 
 def run_flow(
@@ -95,33 +111,34 @@ def run_flow(
     kind: JobKind,
     *,
     workdir: Path,
-    destination: Destination,
+    destination: Destination | None,
     say: Callable[[str], None],
     logs: Callable[[], str] = lambda: "",
+    save_steps: int = 0,
 ) -> FlowResult:
     """The three jobs of ``kind`` on the cluster ``api`` reaches; ``workdir`` gets their
-    outputs."""
+    outputs. ``destination`` None: the same jobs without jitckpt (the namespace not
+    opted in), each saving every ``save_steps`` steps itself and resuming from its
+    newest save, which its output directory keeps."""
     custom = client.CustomObjectsApi(api)
     (workdir / "weights").mkdir(parents=True, exist_ok=True)
     opt_in(api, destination)
-    say(f"namespace {NAMESPACE} opted in (store {destination.uri}); ClusterQueue one-job "
-        "holds one job of 1 CPU, preempting lower priorities")  # fmt: skip
+    quota = "ClusterQueue one-job holds one job of 1 CPU, preempting lower priorities"
+    if destination is not None:
+        say(f"namespace {NAMESPACE} opted in (store {destination.uri}); {quota}")
+    else:
+        say(f"namespace {NAMESPACE}, not opted in: each job saves every {save_steps} steps "
+            f"and resumes from its newest save itself; {quota}")  # fmt: skip
     recorder = PodRecorder(client.CoreV1Api(api)).start()
-    root = job_root(destination.uri, NAMESPACE, "low")
-    watcher = CommitWatcher(lambda: destination.open_store(root, Node(workdir / "store-view")), 0.1)
-    watcher.start()
+    watcher = _checkpoints(destination, workdir)
     timeline = Timeline()
-
-    def jit_step() -> int | None:
-        return min(watcher.valid_at) if watcher.valid_at else None
-
-    timeline.follow(api, node_root, kind, jit_step)
+    timeline.follow(api, node_root, kind, watcher.valid_at)
 
     def state() -> str:
         return f"{cluster_state(api, node_root, kind)}\n{logs()}"
 
     def create(name: str, priority: str, command: list[str]) -> None:
-        job = kind.manifest(name, priority, command, workdir)
+        job = kind.manifest(name, priority, command, workdir, keep_output=save_steps > 0)
         custom.create_namespaced_custom_object(
             kind.group, kind.version, NAMESPACE, kind.plural, job
         )
@@ -131,10 +148,10 @@ def run_flow(
 
     title = kind.api_kind
     try:
-        create("reference", "low", training("reference", workdir))
+        create("reference", "low", training("reference", workdir, save_steps))
         say(f"{title} reference (low priority): admitted by Kueue, trains uninterrupted")
         wait(ended("reference"), 240, "the reference's end", state)
-        create("low", "low", training("low", workdir))
+        create("low", "low", training("low", workdir, save_steps))
         say(f"{title} low (low priority): admitted, training {MAX_STEPS} steps")
         wait(progress(node_root, kind, "low", PROGRESS_STEP), 180, "low's progress", state)
         create("high", "high", ["python", "-c", "print('high ran')"])
@@ -146,17 +163,33 @@ def run_flow(
         recorder.stop()
         watcher.stop()
         timeline.stop()
-    return _judge(recorder, watcher, timeline, workdir, say, kind=kind)
+    return _judge(
+        recorder, watcher.valid_at, timeline, workdir, say,
+        kind=kind, protected=destination is not None,
+    )  # fmt: skip
+
+
+def _checkpoints(
+    destination: Destination | None, workdir: Path
+) -> CommitWatcher | SavedCheckpoints:
+    """What says when each of ``low``'s checkpoints became valid: the store jitckpt commits
+    to, or the job's own output directory."""
+    if destination is None:
+        return SavedCheckpoints(workdir / "output" / "low").start()
+    root = job_root(destination.uri, NAMESPACE, "low")
+    view = Node(workdir / "store-view")
+    return CommitWatcher(lambda: destination.open_store(root, view), 0.1).start()
 
 
 def _judge(
     recorder: PodRecorder,
-    watcher: CommitWatcher,
+    valid_at: dict[int, float],
     timeline: Timeline,
     workdir: Path,
     say: Callable[[str], None],
     *,
     kind: JobKind,
+    protected: bool,
 ) -> FlowResult:
     first, *later = recorder.of_job(kind, "low")
     preempted = container(first[-1], kind.container)
@@ -175,9 +208,17 @@ def _judge(
 
     weights = workdir / "weights"
     comparison = compare_files(weights / "low.pt", weights / "reference.pt")
-    committed_at = watcher.valid_at.get(step) if step is not None else None
+    committed_at = valid_at.get(step) if step is not None else None
+    checkpoint_at = (
+        valid_at.get(timeline.checkpoint_step) if timeline.checkpoint_step is not None else None
+    )
+
+    def since(start: float | None, end: float | None) -> float | None:
+        return end - start if start is not None and end is not None else None
+
     result = FlowResult(
         kind=kind.name,
+        protected=protected,
         jit_step=step,
         preempted_exit_code=code(preempted),
         resumed_exit_code=code(resumed),
@@ -185,20 +226,26 @@ def _judge(
         pods_of_low=1 + len(later),
         weights_equal=comparison.equal,
         differences=comparison.differing[:5],
-        evicted_to_committed=(
-            committed_at - timeline.evicted if committed_at and timeline.evicted else None
-        ),
-        readmitted_to_first_step=(
-            timeline.resumed_step - timeline.readmitted
-            if timeline.resumed_step and timeline.readmitted
-            else None
-        ),
+        evicted_to_committed=since(timeline.evicted, committed_at),
+        readmitted_to_first_step=since(timeline.readmitted, timeline.resumed_step),
+        preempted_at_step=timeline.preempted_at_step,
+        checkpoint_step=timeline.checkpoint_step,
+        evicted_to_checkpoint=since(timeline.evicted, checkpoint_at),
+        readmitted_to_progress=since(timeline.readmitted, timeline.progressed),
     )
-    committed_in = _seconds(result.evicted_to_committed)
-    say(f"low's first pod: trainer exit {result.preempted_exit_code}, JIT checkpoint-{step} "
-        f"committed {committed_in} after Kueue's eviction was seen")  # fmt: skip
-    say(f"low admitted again: new pod, restored and resumed; its first step "
-        f"{_seconds(result.readmitted_to_first_step)} after the re-admission")  # fmt: skip
+    if result.protected:
+        committed_in = _seconds(result.evicted_to_committed)
+        say(f"low's first pod: trainer exit {result.preempted_exit_code}, JIT checkpoint-{step} "
+            f"committed {committed_in} after Kueue's eviction was seen")  # fmt: skip
+    else:
+        say(f"low's first pod: trainer exit {result.preempted_exit_code} after step "
+            f"{result.preempted_at_step}; its newest save: checkpoint-{result.checkpoint_step} "
+            f"({result.steps_redone} steps to redo)")  # fmt: skip
+    first_step = _seconds(result.readmitted_to_first_step)
+    beyond = _seconds(result.readmitted_to_progress)
+    say(f"low admitted again: new pod, resumed from checkpoint-{result.checkpoint_step}; its "
+        f"first step after it {first_step}, beyond the preempted one {beyond} after the "
+        "re-admission")  # fmt: skip
     say("weights bitwise equal to the uninterrupted run's" if comparison.equal
         else f"weights differ: {', '.join(comparison.differing[:5])}")  # fmt: skip
     return result

@@ -80,13 +80,18 @@ def _queued(name: str, priority: str) -> dict[str, Any]:
     return {"name": name, "namespace": NAMESPACE, "labels": labels}
 
 
-def _volumes(name: str, work: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(
+    name: str, work: Path, keep_output: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pod's volumes and the trainer's mounts: its output directory its own (an
-    emptyDir, as in a container), the final weights on the host for the comparison."""
+    emptyDir, as in a container) or, ``keep_output``, kept across pods (a job's own
+    periodic checkpoints, on a volume of its own), the final weights on the host for
+    the comparison."""
     out = work / "output" / name
     out.mkdir(parents=True, exist_ok=True)
+    output = {"hostPath": {"path": str(out)}} if keep_output else {"emptyDir": {}}
     volumes = [
-        {"name": "output", "emptyDir": {}},
+        {"name": "output", **output},
         {"name": "weights", "hostPath": {"path": str(work / "weights")}},
     ]
     mounts = [
@@ -116,8 +121,11 @@ class JobKind(ABC):
     succeeded: str
 
     @abstractmethod
-    def manifest(self, name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
-        """The job ``name`` as a user writes it for Kueue: one node, 1 CPU, its queue named."""
+    def manifest(
+        self, name: str, priority: str, command: list[str], work: Path, *, keep_output: bool
+    ) -> dict[str, Any]:
+        """The job ``name`` as a user writes it for Kueue: one node, 1 CPU, its queue named;
+        ``keep_output``: its output directory kept from one pod to the next."""
 
     @abstractmethod
     def trainer_pod(self, job: str) -> str:
@@ -125,8 +133,10 @@ class JobKind(ABC):
 
 
 class PyTorchJobKind(JobKind):
-    def manifest(self, name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
-        volumes, mounts = _volumes(name, work)
+    def manifest(
+        self, name: str, priority: str, command: list[str], work: Path, *, keep_output: bool
+    ) -> dict[str, Any]:
+        volumes, mounts = _volumes(name, work, keep_output)
         container = {"name": self.container, "image": IMAGE, "command": command, "env": _env(),
                      "resources": RESOURCES, "volumeMounts": mounts}  # fmt: skip
         master = {
@@ -149,8 +159,10 @@ class TrainJobKind(JobKind):
     """A TrainJob of the Trainer's ``torch-distributed`` runtime; its volumes through a
     runtime patch of the user's own manager, the way Trainer v2 takes pod changes."""
 
-    def manifest(self, name: str, priority: str, command: list[str], work: Path) -> dict[str, Any]:
-        volumes, mounts = _volumes(name, work)
+    def manifest(
+        self, name: str, priority: str, command: list[str], work: Path, *, keep_output: bool
+    ) -> dict[str, Any]:
+        volumes, mounts = _volumes(name, work, keep_output)
         pod = {"volumes": volumes, "containers": [{"name": self.container, "volumeMounts": mounts}]}
         node = {"name": "node", "template": {"spec": {"template": {"spec": pod}}}}
         patch = {
@@ -187,25 +199,41 @@ KINDS: dict[str, JobKind] = {
 }  # fmt: skip
 
 
-def training(name: str, work: Path) -> list[str]:
-    return [
+def training(name: str, work: Path, save_steps: int = 0) -> list[str]:
+    """The trainer's command; ``save_steps``: the job's own periodic saves instead, and
+    the resume a job without jitckpt does itself: from the newest one in its output
+    directory, if any (the script is the same, unchanged)."""
+    out = work / "output" / name
+    command = [
         "torchrun", str(BUNDLED_SCRIPT),
-        "--output-dir", str(work / "output" / name),
+        "--output-dir", str(out),
         "--max-steps", str(MAX_STEPS),
         "--step-sleep", str(STEP_SLEEP),
         "--final-weights", str(work / "weights" / f"{name}.pt"),
     ]  # fmt: skip
+    if not save_steps:
+        return command
+    newest = 'ls -1 "$0" | grep "^checkpoint-[0-9]*$" | sort -t- -k2 -n | tail -n 1'
+    line = (f'last=$({newest}); exec "$@" --save-steps {save_steps} '
+            '${last:+--resume "$0/$last"}')  # fmt: skip
+    return ["sh", "-c", line, str(out), *command]
 
 
-def opt_in(api: client.ApiClient, destination: Destination) -> None:
-    """The namespace opted in to jitckpt, its store's Secret, and the queue."""
+def opt_in(api: client.ApiClient, destination: Destination | None) -> None:
+    """The namespace opted in to jitckpt with its store's Secret (``destination`` None:
+    a namespace of its own, not opted in), and the queue."""
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    annotations = {**destination.namespace_annotations(), "jitckpt.io/grace-period-seconds": "60"}
-    labels = {"jitckpt.io/injection": "enabled"}
-    namespace: Any = {"metadata": {"name": NAMESPACE, "labels": labels, "annotations": annotations}}
+    namespace: Any = {"metadata": {"name": NAMESPACE}}
+    if destination is not None:
+        namespace["metadata"]["labels"] = {"jitckpt.io/injection": "enabled"}
+        namespace["metadata"]["annotations"] = {
+            **destination.namespace_annotations(),
+            "jitckpt.io/grace-period-seconds": "60",
+        }
     core.create_namespace(namespace)
-    secret: Any = {"metadata": {"name": SECRET_NAME}, "stringData": destination.secret}
-    core.create_namespaced_secret(NAMESPACE, secret)
+    if destination is not None:
+        secret: Any = {"metadata": {"name": SECRET_NAME}, "stringData": destination.secret}
+        core.create_namespaced_secret(NAMESPACE, secret)
     for doc in queue_objects():
         group, version = doc["apiVersion"].split("/")
         plural = PLURALS[doc["kind"]]

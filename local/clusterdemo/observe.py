@@ -4,6 +4,7 @@ preemption, and what the cluster held when a wait ran out."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -138,13 +139,54 @@ def wait(
     raise FlowError(f"not within {timeout:.0f} s: {what}\n{state()}")
 
 
+_STEP = re.compile(r"step ([0-9]+)/")
+
+
+def logged_steps(log: Path) -> list[int]:
+    """The steps a trainer's log says it ended (the bundled script's ``step N/M`` lines)."""
+    return [int(n) for n in _STEP.findall(log.read_text(errors="replace"))]
+
+
+class SavedCheckpoints:
+    """A job's own periodic saves in its persistent output directory (a job without
+    jitckpt): ``valid_at[step]`` is when ``checkpoint-<step>`` was first seen whole
+    (HF's ``trainer_state.json`` in it, which the Trainer writes last)."""
+
+    def __init__(self, directory: Path, interval: float = 0.1) -> None:
+        self.directory = directory
+        self.interval = interval
+        self.valid_at: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="saved-checkpoints", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for state in self.directory.glob("checkpoint-*/trainer_state.json"):
+                step = state.parent.name.removeprefix("checkpoint-")
+                if step.isdigit():
+                    self.valid_at.setdefault(int(step), time.time())
+
+    def start(self) -> SavedCheckpoints:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 @dataclass
 class Timeline:
-    """When each moment of ``low``'s preemption was first seen (time.time())."""
+    """When each moment of ``low``'s preemption was first seen (time.time()), and the
+    steps that say what it cost: the last step its preempted pod ended, the checkpoint
+    it resumed from (the newest valid at its re-admission), and in the pod after it,
+    the first step after that checkpoint and the first beyond the preempted one."""
 
     evicted: float | None = None
     readmitted: float | None = None
     resumed_step: float | None = None
+    progressed: float | None = None
+    preempted_at_step: int | None = None
+    checkpoint_step: int | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def follow(
@@ -152,9 +194,12 @@ class Timeline:
         api: client.ApiClient,
         node_root: Path,
         kind: JobKind,
-        resumed_from: Callable[[], int | None],
+        valid_at: dict[int, float],
     ) -> threading.Thread:
+        """Follow ``low``; ``valid_at``: when each of its checkpoints became valid."""
         custom = client.CustomObjectsApi(api)
+        logs = f"*/pods/{NAMESPACE}_{kind.trainer_pod('low')}_*/containers/{kind.container}/log"
+        first_logs: set[Path] = set()
 
         def conditions() -> dict[str, str]:
             items: Any = custom.list_namespaced_custom_object(
@@ -167,25 +212,37 @@ class Timeline:
                     return {c["type"]: c["status"] for c in found}
             return {}
 
+        def readmission(now: float) -> None:
+            self.readmitted = now
+            # the preempted pod is gone by then: its log is whole
+            self.preempted_at_step = max(
+                (step for log in first_logs for step in logged_steps(log)), default=0
+            )
+            before = [step for step, at in valid_at.items() if at <= now]
+            self.checkpoint_step = max(before, default=0)
+
+        def later_pods(now: float) -> None:
+            steps = {step for log in node_root.glob(logs) if log not in first_logs
+                     for step in logged_steps(log)}  # fmt: skip
+            if self.resumed_step is None and (self.checkpoint_step or 0) + 1 in steps:
+                self.resumed_step = now
+            if self.progressed is None and (self.preempted_at_step or 0) + 1 in steps:
+                self.progressed = now
+
         def loop() -> None:
             while not self._stop.wait(0.1):
                 now, seen = time.time(), conditions()
                 if self.evicted is None and seen.get("Evicted") == "True":
                     self.evicted = now
+                    first_logs.update(node_root.glob(logs))
                 elif (
                     self.evicted is not None
                     and self.readmitted is None
                     and (seen.get("Admitted") == "True" and seen.get("Evicted") != "True")
                 ):
-                    self.readmitted = now
-                step = resumed_from()
-                if (
-                    self.readmitted is not None
-                    and self.resumed_step is None
-                    and step is not None
-                    and progress(node_root, kind, "low", step + 1)()
-                ):
-                    self.resumed_step = now
+                    readmission(now)
+                if self.readmitted is not None:
+                    later_pods(now)
 
         thread = threading.Thread(target=loop, name="timeline", daemon=True)
         thread.start()

@@ -133,7 +133,12 @@ HOW: dict[str, Run | Elsewhere] = {
     ),
     "jitckpt demo --cluster": Elsewhere(
         "tests/controlplane/test_preemption_flow.py::"
-        "test_kueue_preempts_a_pytorchjob_and_it_resumes_bitwise_when_admitted_again",
+        "test_kueue_preempts_a_job_and_it_resumes_bitwise_when_admitted_again[pytorchjob]",
+        "it starts a cluster of its own: run there, with --json",
+    ),
+    "jitckpt demo --cluster --kind trainjob": Elsewhere(
+        "tests/controlplane/test_preemption_flow.py::"
+        "test_kueue_preempts_a_job_and_it_resumes_bitwise_when_admitted_again[trainjob]",
         "it starts a cluster of its own: run there, with --json",
     ),
     # --- installing -----------------------------------------------------------------------
@@ -244,7 +249,10 @@ def test_every_command_in_the_docs_is_run_or_said_where_it_is() -> None:
 )
 def test_each_command_run_elsewhere_names_a_test_that_exists(place: str) -> None:
     path, _, function = place.partition("::")
-    assert f"def {function}(" in (ROOT / path).read_text(), place
+    function, _, case = function.partition("[")  # a parametrized test's case: its id
+    source = (ROOT / path).read_text()
+    assert f"def {function}(" in source, place
+    assert not case or f'"{case.removesuffix("]")}"' in source, place
 
 
 @dataclass

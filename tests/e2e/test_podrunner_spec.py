@@ -228,3 +228,27 @@ def test_pod_addresses_are_loopback_addresses_of_their_own(
     fresh.release_ip("127.9.9.9")
     draws = iter([9, 9, 9])
     assert fresh.allocate_ip({8471}) == "127.9.9.9"
+
+
+def test_a_pod_of_a_subdomain_resolves_the_names_cluster_dns_would_complete(
+    tmp_path: Path,
+) -> None:
+    # A TrainJob's PET_MASTER_ADDR is "<job>-node-0-0.<job>": cluster DNS completes it
+    # from the pod's search domains; with no DNS here, /etc/hosts holds those names.
+    from local.podrunner.spec import PodContext
+    from local.podrunner.volumes import write_hosts_file
+
+    metadata = {"name": "low-node-0-0-x7k2p", "namespace": "team"}
+    spec = {"hostname": "low-node-0-0", "subdomain": "low"}
+    hosts = write_hosts_file(tmp_path / "hosts", PodContext(metadata, spec, "127.0.0.9"))
+    assert hosts is not None
+    names = {
+        name: line.split()[0]
+        for line in hosts.read_text().splitlines()
+        if line and not line.startswith("#")
+        for name in line.split()[1:]
+    }
+    for suffix in ("", ".low", ".low.team", ".low.team.svc", ".low.team.svc.cluster.local"):
+        assert names[f"low-node-0-0{suffix}"] == "127.0.0.9", suffix
+    # the pod's generated name is not its hostname: a kubelet does not write it either
+    assert "low-node-0-0-x7k2p" not in names
