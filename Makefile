@@ -116,7 +116,7 @@ controlplane:
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
-bench: setup
+bench: setup controlplane
 	$(BIN)/python -m bench.run_all
 
 # Build both images and push them: make images REGISTRY=registry.example.com/ml [VERSION=...]

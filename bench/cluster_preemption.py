@@ -21,7 +21,9 @@ cluster of its own: the steps the resumed job trains again (the preempted
 pod's last step minus its checkpoint's), from Kueue's eviction seen to that
 checkpoint valid (negative: saved before the eviction), and from the
 re-admission seen to the resumed pod's first step after its checkpoint and to
-its first step beyond the preempted one (the progress regained). A step here
+its first step beyond the preempted one (the progress regained), and, to take
+those apart, to its trainer container started (jitckpt's waits for the
+sidecar's startupProbe: the store listed, the checkpoint chosen). A step here
 is the script's `--step-sleep` of 0.3 s plus its compute: what a job loses is
 its steps since the last save, at whatever a step costs, so the save interval
 of a real job (minutes to hours) scales the figure and jitckpt's does not move.
@@ -88,6 +90,8 @@ FIGURES: tuple[tuple[str, str, Callable[[FlowResult], float | None]], ...] = (
      lambda r: float(r.steps_redone) if r.steps_redone is not None else None),
     ("Kueue's eviction to the checkpoint it resumes from, valid (negative: before it)", "s",
      lambda r: r.evicted_to_checkpoint),
+    ("re-admission to the new pod's trainer started (its log begun)", "s",
+     lambda r: r.readmitted_to_trainer_start),
     ("re-admission to the first step after the checkpoint", "s",
      lambda r: r.readmitted_to_first_step),
     ("re-admission to the first step beyond the preempted one (progress regained)", "s",

@@ -35,6 +35,7 @@ BENCHMARKS = (
     ("sigterm_to_durable_ddp", "bench.sigterm_to_durable", "run_ddp", ("--ddp",)),
     ("time_to_resume", "bench.time_to_resume", "run", ()),
     ("goodput", "bench.goodput", "run", ()),
+    ("cluster_preemption", "bench.cluster_preemption", "run", ()),
 )
 
 

@@ -82,6 +82,8 @@ class FlowResult:
     evicted_to_checkpoint: float | None
     # from the re-admission to the first step beyond the preempted one: progress regained
     readmitted_to_progress: float | None
+    # from the re-admission to the next pod's trainer container started (its log begun)
+    readmitted_to_trainer_start: float | None
 
     @property
     def steps_redone(self) -> int | None:
@@ -232,6 +234,7 @@ def _judge(
         checkpoint_step=timeline.checkpoint_step,
         evicted_to_checkpoint=since(timeline.evicted, checkpoint_at),
         readmitted_to_progress=since(timeline.readmitted, timeline.progressed),
+        readmitted_to_trainer_start=since(timeline.readmitted, timeline.trainer_started),
     )
     if result.protected:
         committed_in = _seconds(result.evicted_to_committed)

@@ -183,6 +183,7 @@ class Timeline:
 
     evicted: float | None = None
     readmitted: float | None = None
+    trainer_started: float | None = None  # the next pod's trainer container, its log begun
     resumed_step: float | None = None
     progressed: float | None = None
     preempted_at_step: int | None = None
@@ -222,8 +223,10 @@ class Timeline:
             self.checkpoint_step = max(before, default=0)
 
         def later_pods(now: float) -> None:
-            steps = {step for log in node_root.glob(logs) if log not in first_logs
-                     for step in logged_steps(log)}  # fmt: skip
+            later = [log for log in node_root.glob(logs) if log not in first_logs]
+            if self.trainer_started is None and later:
+                self.trainer_started = now
+            steps = {step for log in later for step in logged_steps(log)}
             if self.resumed_step is None and (self.checkpoint_step or 0) + 1 in steps:
                 self.resumed_step = now
             if self.progressed is None and (self.preempted_at_step or 0) + 1 in steps:
