@@ -46,13 +46,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import harness
 from bench.harness import BenchOptions
 from bench.results import Case, Series
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from local.background import Background
+
+if TYPE_CHECKING:
+    from bench.sigterm_to_durable import Outcome
+    from local.s3server import LocalS3
 
 NAME = "rhai"
 ENV_PATH = "JITCKPT_BENCH_RHAI"
@@ -409,6 +413,14 @@ def _first_step(timeline_path: Path) -> int | None:
     return min(begun) if begun else None
 
 
+def _first_step_after(timeline_path: Path, started: float) -> float | None:
+    """Seconds from ``started`` (time.time()) to the timeline's first step's begin."""
+    from bench import timeline
+
+    begun = timeline.times(timeline.read(timeline_path), "step_begin")
+    return min(begun.values()) - started if begun else None
+
+
 def _final_weights(root: Path, step: int) -> Path:
     found = sorted(root.rglob(f"checkpoint-{step}/model.safetensors"))
     if not found:
@@ -416,19 +428,28 @@ def _final_weights(root: Path, step: int) -> Path:
     return found[0]
 
 
-def uninterrupted(work: Path, shape: ModelShape, max_steps: int = EXACT_MAX_STEPS) -> Path:
+@dataclass(frozen=True)
+class Reference:
+    """The uninterrupted run: its final weights, and its wall from start to exit."""
+
+    weights: Path
+    seconds: float
+
+
+def uninterrupted(work: Path, shape: ModelShape, max_steps: int = EXACT_MAX_STEPS) -> Reference:
     """The reference: the same run to its end with no preemption and no checkpointing
-    product, its last step saved by HF; the path of that save's weights."""
+    product, its last step saved by HF."""
     output = work / "reference"
     argv = workload_argv(
         shape, output, work / "reference.jsonl", max_steps=max_steps, save_steps=max_steps
     )
+    started = time.time()
     with Background(argv, env=dict(os.environ), log=work / "reference.log") as trainer:
         assert trainer.process is not None
         code = trainer.process.wait(timeout=600)
     if code != 0:
         raise RuntimeError(f"the uninterrupted run exited {code}")
-    return _final_weights(output, max_steps)
+    return Reference(_final_weights(output, max_steps), time.time() - started)
 
 
 @dataclass(frozen=True)
@@ -438,6 +459,14 @@ class Resumed:
     resumed_at: int | None  # the first step the second process trained
     difference: float  # weight_difference against the uninterrupted run
     exit_codes: tuple[int | None, int | None]
+    # each attempt from its pod's start (the agent's, or the script's) to the pod gone
+    attempt_seconds: tuple[float, float] = (0.0, 0.0)
+    # the second attempt's start to its first step (the restore included)
+    first_step_seconds: float | None = None
+
+    def lost_seconds(self, uninterrupted_seconds: float) -> float:
+        """Both attempts' walls beyond the uninterrupted run's: what the preemption cost."""
+        return sum(self.attempt_seconds) - uninterrupted_seconds
 
 
 def exact_rhai(
@@ -455,6 +484,8 @@ def exact_rhai(
 
     codes: list[int | None] = []
     timelines = []
+    started: list[float] = []
+    walls: list[float] = []
     for attempt in (1, 2):
         here = work / f"attempt-{attempt}"
         here.mkdir()
@@ -468,6 +499,7 @@ def exact_rhai(
         periodic = Periodic("steps", max_steps)
         path.write_text(script(checkout, argv, output, f"s3://{BUCKET}/{RHAI_PREFIX}", periodic))
         command = [sys.executable, str(path)]
+        started.append(time.time())
         with Background(command, env=trainer_env(s3_env), log=here / "trainer.log") as trainer:
             assert trainer.process is not None
             if attempt == 1:
@@ -475,14 +507,16 @@ def exact_rhai(
                 codes.append(_preempt(trainer, GRACE_SECONDS)[1])
             else:
                 codes.append(trainer.process.wait(timeout=600))
+        walls.append(time.time() - started[-1])  # its pod is gone once its script exited
     client = _s3_client(s3_env)
     final = work / "final.safetensors"
     client.download_file(
         BUCKET, f"{RHAI_PREFIX}/checkpoint-{max_steps}/model.safetensors", str(final)
     )
     return Resumed(
-        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1])
-    )
+        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
+        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
+    )  # fmt: skip
 
 
 def _wait_committed(s3_env: dict[str, str], bucket: str, prefix: str, timeout: float = 300) -> None:
@@ -517,10 +551,13 @@ def exact_jitckpt(
 
     codes: list[int | None] = []
     timelines = []
+    started: list[float] = []
+    walls: list[float] = []
     for attempt in (1, 2):
         here = work / f"attempt-{attempt}"
         timeline_path = here / "timeline.jsonl"
         timelines.append(timeline_path)
+        started.append(time.time())
         with JitckptNode(here / "node", f"s3://{JITCKPT_BUCKET}/bench/exact", s3_env) as node:
             argv = workload_argv(
                 shape, here / "output", timeline_path, max_steps=max_steps, save_steps=max_steps
@@ -533,127 +570,158 @@ def exact_jitckpt(
                 else:
                     codes.append(trainer.process.wait(timeout=600))
             _wait_committed(s3_env, JITCKPT_BUCKET, "bench/exact")
+        # the pod is gone once its agent is: it exits when its uploads are done
+        walls.append(time.time() - started[-1])
     final = _final_weights(work / "attempt-2", max_steps)
     return Resumed(
-        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1])
+        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
+        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
+    )  # fmt: skip
+
+
+FLOOR = "HF's own save at the next step + s5cmd cp of it alone (floor)"
+
+
+def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> Case:
+    """SIGTERM to durable at one size, each subject ``reps`` times, rotating, and its floor:
+    the same bytes saved once (a synchronous save at the next step) and uploaded once."""
+    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
+    from bench.sigterm_to_durable import SYNC, run_jitckpt, run_peer
+
+    shape = ModelShape.for_state(label, state_bytes)
+    timeout = 120 + state_bytes / MB * 0.5
+    s3_env = s3.credentials_env()
+    who = (*SUBJECTS, FLOOR)
+    seconds: dict[str, list[float]] = {s: [] for s in who}
+    params: dict[str, dict[str, list[Any]]] = {
+        s: {"exit_codes": [], "sigterm_to_trainer_exit_s": [], "checkpoint_bytes": []} for s in who
+    }
+    never = 0
+    for rep in range(reps):
+        for subject in who[rep % 3 :] + who[: rep % 3]:
+            s3.reset()
+            s3.create_bucket(JITCKPT_BUCKET)
+            s3.create_bucket(BUCKET)
+            with tempfile.TemporaryDirectory(prefix="bench-rhai-") as tmp:
+                work = Path(tmp)
+                taken: float | None
+                done: Outcome | Preempted
+                if subject == JITCKPT:
+                    done = run_jitckpt(work, shape, s3_env, timeout)
+                    taken = done.seconds
+                elif subject == FLOOR:
+                    done = run_peer(SYNC, work, shape, s3_env, timeout)
+                    taken = done.floor_seconds
+                else:
+                    done = run_rhai(checkout, work, shape, s3_env)
+                    taken = done.seconds
+            exit_s, code, size = done.trainer_exit_seconds, done.exit_code, done.checkpoint_bytes
+            if taken is None:
+                never += 1
+            else:
+                seconds[subject].append(taken)
+            params[subject]["exit_codes"].append(code)
+            params[subject]["sigterm_to_trainer_exit_s"].append(round(exit_s, 3))
+            params[subject]["checkpoint_bytes"].append(size)
+            print(
+                f"[bench] rhai {label} rep {rep} {subject}: durable after {taken} s, "
+                f"trainer gone after {exit_s:.2f} s, exit {code}, {size / MB:.0f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
+    return Case(
+        benchmark=NAME,
+        case=f"{label} state (h={shape.hidden_size}, layers={shape.layers}), 1 node",
+        metric="SIGTERM to durable in S3",
+        unit="s",
+        lower_is_better=True,
+        series=[Series(s, seconds[s], params[s]) for s in who],
+        note="rhai: SIGTERM after step 3; jitckpt durable = its commit record in S3; "
+        "OpenShift AI durable = a checkpoint-N in S3 with no incomplete marker (what "
+        "its resume takes), polled every 50 ms; floor = a run that saves synchronously at "
+        "the next step (SIGTERM to its save's end) + s5cmd cp of that checkpoint alone; runs "
+        f"with no durable checkpoint: {never}",
     )
 
 
-def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
-    """SIGTERM to durable at 50 MB, each subject ``reps`` times, alternating."""
+def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> list[Case]:
+    """A run stopped after step 3 and resumed by a new pod, each subject ``reps`` times,
+    alternating: whether it ends bitwise equal to the run uninterrupted, what the
+    preemption cost (both attempts' walls beyond the uninterrupted run's) and the new
+    pod's start to its first step."""
     from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
-    from bench.sigterm_to_durable import run_jitckpt
-    from local.s3server import LocalS3
 
-    checkout = check_checkout(checkout if checkout is not None else checkout_from(None))
-    label, state_bytes = "50 MB", 50 * MB
-    reps = options.repetitions(3, 3)
     shape = ModelShape.for_state(label, state_bytes)
-    timeout = 120 + state_bytes / MB * 0.5
-    seconds: dict[str, list[float]] = {s: [] for s in SUBJECTS}
-    params: dict[str, dict[str, list[Any]]] = {
-        s: {"exit_codes": [], "sigterm_to_trainer_exit_s": [], "checkpoint_bytes": []}
-        for s in SUBJECTS
-    }
-    never = 0
-    with LocalS3() as s3:
-        s3_env = s3.credentials_env()
+    s3_env = s3.credentials_env()
+    runs: dict[str, list[Resumed]] = {s: [] for s in SUBJECTS}
+    walls: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-rhai-ref-") as tmp:
         for rep in range(reps):
+            reference = uninterrupted(Path(tmp) / f"rep-{rep}", shape)
+            walls.append(reference.seconds)
             for subject in SUBJECTS[rep % 2 :] + SUBJECTS[: rep % 2]:
                 s3.reset()
                 s3.create_bucket(JITCKPT_BUCKET)
                 s3.create_bucket(BUCKET)
-                with tempfile.TemporaryDirectory(prefix="bench-rhai-") as tmp:
-                    work = Path(tmp)
+                with tempfile.TemporaryDirectory(prefix="bench-rhai-exact-") as run_tmp:
                     if subject == JITCKPT:
-                        done = run_jitckpt(work, shape, s3_env, timeout)
-                        taken: float | None = done.seconds
-                        exit_s, code, size = (
-                            done.trainer_exit_seconds,
-                            done.exit_code,
-                            (done.checkpoint_bytes),
-                        )
+                        resumed = exact_jitckpt(Path(run_tmp), shape, s3_env, reference.weights)
                     else:
-                        peer = run_rhai(checkout, work, shape, s3_env)
-                        taken = peer.seconds
-                        exit_s, code, size = (
-                            peer.trainer_exit_seconds,
-                            peer.exit_code,
-                            (peer.checkpoint_bytes),
+                        resumed = exact_rhai(
+                            checkout, Path(run_tmp), shape, s3_env, reference.weights
                         )
-                if taken is None:
-                    never += 1
-                else:
-                    seconds[subject].append(taken)
-                params[subject]["exit_codes"].append(code)
-                params[subject]["sigterm_to_trainer_exit_s"].append(round(exit_s, 3))
-                params[subject]["checkpoint_bytes"].append(size)
-                print(
-                    f"[bench] rhai {label} rep {rep} {subject}: durable after {taken} s, "
-                    f"trainer gone after {exit_s:.2f} s, exit {code}, {size / MB:.0f} MB",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        differences: dict[str, list[float]] = {s: [] for s in SUBJECTS}
-        resumed_at: dict[str, list[int | None]] = {s: [] for s in SUBJECTS}
-        codes: dict[str, list[tuple[int | None, int | None]]] = {s: [] for s in SUBJECTS}
-        with tempfile.TemporaryDirectory(prefix="bench-rhai-ref-") as tmp:
-            reference = uninterrupted(Path(tmp), shape)
-            for rep in range(reps):
-                for subject in SUBJECTS[rep % 2 :] + SUBJECTS[: rep % 2]:
-                    s3.reset()
-                    s3.create_bucket(JITCKPT_BUCKET)
-                    s3.create_bucket(BUCKET)
-                    with tempfile.TemporaryDirectory(prefix="bench-rhai-exact-") as run_tmp:
-                        if subject == JITCKPT:
-                            resumed = exact_jitckpt(Path(run_tmp), shape, s3_env, reference)
-                        else:
-                            resumed = exact_rhai(checkout, Path(run_tmp), shape, s3_env, reference)
-                    differences[subject].append(resumed.difference)
-                    resumed_at[subject].append(resumed.resumed_at)
-                    codes[subject].append(resumed.exit_codes)
-                    print(
-                        f"[bench] rhai exact rep {rep} {subject}: {resumed}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-    exact = {s: sum(d == 0.0 for d in differences[s]) for s in SUBJECTS}
+                runs[subject].append(resumed)
+                print(f"[bench] rhai exact rep {rep} {subject}: {resumed}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    exact = {s: sum(r.difference == 0.0 for r in runs[s]) for s in SUBJECTS}
+    case = (f"{label} state, stopped after step {SIGTERM_AFTER_STEP} of {EXACT_MAX_STEPS} and "
+            "resumed by a new pod, 1 node")  # fmt: skip
+
+    def params(subject: str) -> dict[str, Any]:
+        return {
+            "resumed_at_step": [r.resumed_at for r in runs[subject]],
+            "exit_codes": [r.exit_codes for r in runs[subject]],
+            "attempt_seconds": [[round(a, 2) for a in r.attempt_seconds] for r in runs[subject]],
+            "bitwise_equal": exact[subject],
+        }
+
+    def first_steps(subject: str) -> list[float]:
+        found = [r.first_step_seconds for r in runs[subject]]
+        return [f for f in found if f is not None]
+
     return [
-        Case(
-            benchmark=NAME,
-            case=f"{label} state, stopped after step {SIGTERM_AFTER_STEP} of "
-            f"{EXACT_MAX_STEPS} and resumed by a new process, 1 node",
-            metric="largest weight difference from the uninterrupted run",
-            unit="abs",
-            lower_is_better=True,
-            series=[
-                Series(
-                    s,
-                    differences[s],
-                    {
-                        "resumed_at_step": resumed_at[s],
-                        "exit_codes": codes[s],
-                        "bitwise_equal": exact[s],
-                    },
-                )
-                for s in SUBJECTS
-            ],
-            note="rhai: final model.safetensors against the same run uninterrupted (HF's save "
-            "of its last step), 0 = bitwise equal; bitwise equal: "
-            + ", ".join(f"{s} {exact[s]} of {len(differences[s])}" for s in SUBJECTS),
-        ),
-        Case(
-            benchmark=NAME,
-            case=f"{label} state (h={shape.hidden_size}, layers={shape.layers}), 1 node",
-            metric="SIGTERM to durable in S3",
-            unit="s",
-            lower_is_better=True,
-            series=[Series(s, seconds[s], params[s]) for s in SUBJECTS],
-            note="rhai: SIGTERM after step 3; jitckpt durable = its commit record in S3; "
-            "OpenShift AI durable = a checkpoint-N in S3 with no incomplete marker (what "
-            f"its resume takes), polled every 50 ms; runs with no durable checkpoint: {never}",
-        ),
-    ]
+        Case(NAME, case, "largest weight difference from the uninterrupted run", "abs", True,
+             [Series(s, [r.difference for r in runs[s]], params(s)) for s in SUBJECTS],
+             note="rhai: final model.safetensors against the same run uninterrupted (HF's "
+             "save of its last step), 0 = bitwise equal; bitwise equal: "
+             + ", ".join(f"{s} {exact[s]} of {len(runs[s])}" for s in SUBJECTS)),
+        Case(NAME, case, "time lost to the preemption (both pods' walls - the uninterrupted "
+             "run's)", "s", True,
+             [Series(s, [r.lost_seconds(w) for r, w in zip(runs[s], walls, strict=True)])
+              for s in SUBJECTS],
+             note="rhai: each pod from its start (jitckpt: its agent's; the peer: its script's) "
+             "to gone (jitckpt: its agent exited, its uploads done; the peer: its script "
+             "exited, its own uploads done); the uninterrupted run: the script alone, start to "
+             "exit, in the same repetition"),
+        Case(NAME, case, "new pod's start to its first step after the restore", "s", True,
+             [Series(s, first_steps(s)) for s in SUBJECTS],
+             note="rhai: jitckpt from its agent's start (its restore, then the trainer); the "
+             "peer from its script's start (its on_init_end downloads the newest complete "
+             "checkpoint, then HF's resume_from_checkpoint)"),
+    ]  # fmt: skip
+
+
+def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
+    """SIGTERM to durable at 50 MB (and 500 MB unless quick) with its floor, and the stop
+    and resume at 50 MB, each subject ``reps`` times, alternating."""
+    from local.s3server import LocalS3
+
+    checkout = check_checkout(checkout if checkout is not None else checkout_from(None))
+    reps = options.repetitions(3, 3)
+    sizes = [("50 MB", 50 * MB)] + ([] if options.quick else [("500 MB", 500 * MB)])
+    with LocalS3() as s3:
+        durable = [durable_case(label, size, reps, s3, checkout) for label, size in sizes]
+        return [*exact_cases("50 MB", 50 * MB, reps, s3, checkout), *durable]
 
 
 def _print_one_of_two(checkout: Path, reps: int, grace: float = 90.0) -> int:
