@@ -26,7 +26,8 @@ number of times, alternating: SIGTERM after step 3 to durable in the store
 (jitckpt: its commit record, as bench/sigterm_to_durable.py), and whether the
 resume is exact: a run stopped after step 3 and resumed by a new process with
 an empty local volume, to its end, its final weights compared bit for bit
-with the same run uninterrupted.
+with the same run uninterrupted, with the time that cost and the new pod's start
+to its first step; and what each costs a run never preempted (bench/rhai_steady.py).
 """
 
 from __future__ import annotations
@@ -712,8 +713,10 @@ def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: 
 
 
 def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
-    """SIGTERM to durable at 50 MB (and 500 MB unless quick) with its floor, and the stop
-    and resume at 50 MB, each subject ``reps`` times, alternating."""
+    """SIGTERM to durable at 50 MB (and 500 MB unless quick) with its floor, the steady
+    runs' speed and local volume at the same sizes, and the stop and resume at 50 MB,
+    each subject ``reps`` times, alternating."""
+    from bench.rhai_steady import steady_cases
     from local.s3server import LocalS3
 
     checkout = check_checkout(checkout if checkout is not None else checkout_from(None))
@@ -721,7 +724,8 @@ def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
     sizes = [("50 MB", 50 * MB)] + ([] if options.quick else [("500 MB", 500 * MB)])
     with LocalS3() as s3:
         durable = [durable_case(label, size, reps, s3, checkout) for label, size in sizes]
-        return [*exact_cases("50 MB", 50 * MB, reps, s3, checkout), *durable]
+        steady = [c for label, size in sizes for c in steady_cases(label, size, reps, s3, checkout)]
+        return [*exact_cases("50 MB", 50 * MB, reps, s3, checkout), *durable, *steady]
 
 
 def _print_one_of_two(checkout: Path, reps: int, grace: float = 90.0) -> int:

@@ -158,3 +158,19 @@ def test_the_peers_marker_name_matches_a_checkout_when_given() -> None:
         pytest.skip(f"no checkout in {rhai.ENV_PATH}")
     constants = rhai._load(checkout / rhai.CONSTANTS_MODULE, "_test_rhai_constants")
     assert constants.CHECKPOINT_INCOMPLETE_MARKER == rhai.INCOMPLETE_MARKER
+
+
+def test_steady_speed_leaves_out_the_first_step(tmp_path: Path) -> None:
+    import json
+
+    from bench import rhai_steady
+
+    path = tmp_path / "timeline.jsonl"
+    ends = {1: 100.0, 2: 100.5, 3: 101.0, 4: 102.0}  # step 1 ends after its warm-up
+    lines = [{"event": "step_end", "step": s, "t": t, "rank": 0} for s, t in ends.items()]
+    lines.append({"event": "step_end", "step": 9, "t": 200.0, "rank": 1})  # another rank's
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert rhai_steady.steps_per_second(path) == 3 / 2.0
+    path.write_text(json.dumps(lines[0]) + "\n")
+    assert rhai_steady.steps_per_second(path) is None
+    assert rhai_steady.steps_per_second(tmp_path / "none.jsonl") is None
