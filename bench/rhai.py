@@ -327,69 +327,6 @@ def run_rhai(
     return Preempted(durable, exited, code, step, _stored_bytes(client, RHAI_PREFIX))
 
 
-@dataclass(frozen=True)
-class OneOfTwo:
-    """A job of 2 nodes (torchrun each, gloo) of which only node 1's pod is SIGTERMed."""
-
-    step: int | None  # the complete checkpoint in the store at the end, None: none
-    exit_codes: tuple[int | None, int | None]  # node 0, node 1; -9: killed after the grace
-    killed: tuple[bool, bool]  # still running at the end of its grace period
-    last_steps: tuple[int | None, int | None]  # the last step each node ended
-    seconds: float  # SIGTERM to both nodes gone
-
-
-def one_of_two_rhai(
-    checkout: Path, work: Path, shape: ModelShape, s3_env: dict[str, str], grace: float
-) -> OneOfTwo:
-    """The peer's pods of one job, one preempted: its flag is that process's own, so node 1
-    saves at its next step end while node 0 trains on; what the store holds and how each
-    node ends within the grace period (node 0 gets none: it was not preempted, and is
-    killed only if still there when node 1's grace is over, as when the job is restarted)."""
-    from bench import timeline
-    from bench.sigterm_to_durable import _s3_client, _torchrun
-    from local.ports import free_port
-
-    port = free_port()
-    trainers = []
-    timelines = []
-    for rank in (0, 1):
-        here = work / f"node-{rank}"
-        here.mkdir()
-        timeline_path = here / "timeline.jsonl"
-        timelines.append(timeline_path)
-        output = here / "output"
-        argv = workload_argv(shape, output, timeline_path)[3:]
-        path = here / "train.py"
-        path.write_text(script(checkout, argv, output, f"s3://{BUCKET}/{RHAI_PREFIX}", Periodic()))
-        env = dict(trainer_env(s3_env), OMP_NUM_THREADS="1")
-        command = _torchrun(2, rank, port, [str(path)])
-        trainers.append(Background(command, env=env, log=here / "trainer.log").start())
-    try:
-        wait_for_step(trainers[0], timelines[0], SIGTERM_AFTER_STEP)
-        started = time.monotonic()
-        os.kill(trainers[1].pid, signal.SIGTERM)
-        deadline = started + grace
-        codes: list[int | None] = [None, None]
-        killed = [False, False]
-        for rank in (1, 0):
-            process = trainers[rank].process
-            assert process is not None
-            try:
-                codes[rank] = process.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except Exception:
-                killed[rank] = True
-                os.killpg(os.getpgid(process.pid), signal.SIGKILL)
-                codes[rank] = process.wait(timeout=60)
-        gone = time.monotonic() - started
-    finally:
-        for trainer in trainers:
-            trainer.stop(timeout=10)
-    ends = [timeline.times(timeline.read(path), "step_end") for path in timelines]
-    last = tuple(max(e) if e else None for e in ends)
-    step = complete_step(_keys(_s3_client(s3_env), RHAI_PREFIX))
-    return OneOfTwo(step, (codes[0], codes[1]), (killed[0], killed[1]), (last[0], last[1]), gone)
-
-
 def weight_difference(ours: Path, reference: Path) -> float:
     """The largest absolute difference between two `model.safetensors` files' tensors, 0.0
     where they are bitwise equal; inf where their tensors' names or shapes differ."""
@@ -714,8 +651,9 @@ def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: 
 
 def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
     """SIGTERM to durable at 50 MB (and 500 MB unless quick) with its floor, the steady
-    runs' speed and local volume at the same sizes, and the stop and resume at 50 MB,
-    each subject ``reps`` times, alternating."""
+    runs' speed and local volume at the same sizes, the stop and resume and one pod of two
+    preempted at 50 MB, each subject ``reps`` times, alternating."""
+    from bench.rhai_one_of_two import one_of_two_cases
     from bench.rhai_steady import steady_cases
     from local.s3server import LocalS3
 
@@ -725,23 +663,8 @@ def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
     with LocalS3() as s3:
         durable = [durable_case(label, size, reps, s3, checkout) for label, size in sizes]
         steady = [c for label, size in sizes for c in steady_cases(label, size, reps, s3, checkout)]
-        return [*exact_cases("50 MB", 50 * MB, reps, s3, checkout), *durable, *steady]
-
-
-def _print_one_of_two(checkout: Path, reps: int, grace: float = 90.0) -> int:
-    """`one_of_two_rhai` ``reps`` times at 50 MB, each outcome printed: where it breaks is
-    read from them and the nodes' logs, not from a median."""
-    from local.s3server import LocalS3
-
-    shape = ModelShape.for_state("50 MB", 50 * MB)
-    with LocalS3() as s3:
-        for rep in range(reps):
-            s3.reset()
-            s3.create_bucket(BUCKET)
-            with tempfile.TemporaryDirectory(prefix="bench-rhai-two-") as tmp:
-                outcome = one_of_two_rhai(checkout, Path(tmp), shape, s3.credentials_env(), grace)
-            print(f"[bench] rhai one of two rep {rep}: {outcome}", flush=True)
-    return 0
+        two = one_of_two_cases("50 MB", 50 * MB, reps, s3, checkout)
+        return [*exact_cases("50 MB", 50 * MB, reps, s3, checkout), *durable, *steady, *two]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -754,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments.add_argument(
         "--one-of-two",
         action="store_true",
-        help="the peer only, 2 nodes, node 1 preempted: print what happens (not recorded)",
+        help="2 nodes, node 1 preempted, both subjects: print what happens (not recorded)",
     )
     args = arguments.parse_args(argv)
     try:
@@ -765,7 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     harness.stop_cleanly_on_sigterm()
     options = harness.options_from(args)
     if args.one_of_two:
-        return _print_one_of_two(checkout, options.repetitions(3, 2))
+        from bench.rhai_one_of_two import print_outcomes
+
+        return print_outcomes(checkout, options.repetitions(3, 2))
     # The command recorded names no machine's path: CHECKOUT stands for the checkout's root.
     flags = ["--rhai-path", "CHECKOUT"]
     harness.execute(NAME, "bench.rhai", lambda o: run(o, checkout), options, flags)

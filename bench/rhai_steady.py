@@ -133,7 +133,7 @@ def steady_cases(
         Case(rhai.NAME, case, "training speed", "steps/s", False,
              [Series(s, speeds(s), codes(s)) for s in SUBJECTS],
              note="rhai: steps ended per second from the end of step 1 to the end of the "
-             "last, the periodic saves included; the reference is HF's Trainer alone"),
+             "last, the periodic saves included"),
         Case(rhai.NAME, case, "local volume's peak", "MB", True,
              [Series(s, [r.peak_bytes / rhai.MB for r in runs[s]], codes(s)) for s in SUBJECTS],
              note="rhai: the most bytes on disk at once under the output directory (and "

@@ -174,3 +174,22 @@ def test_steady_speed_leaves_out_the_first_step(tmp_path: Path) -> None:
     path.write_text(json.dumps(lines[0]) + "\n")
     assert rhai_steady.steps_per_second(path) is None
     assert rhai_steady.steps_per_second(tmp_path / "none.jsonl") is None
+
+
+def test_committed_step_is_what_jitckpts_resume_takes() -> None:
+    from bench.rhai_one_of_two import committed_step
+    from shim import layout
+    from sidecar.summary import RECORD_NAME
+
+    record = f"{layout.MANIFEST_DIR}/{RECORD_NAME}"
+    keys = [
+        f"job/checkpoint-4/{record}",
+        "job/checkpoint-4/model.safetensors",
+        f"job/checkpoint-8/{layout.MANIFEST_DIR}/node-0.json",  # a node's part, uncommitted
+        "job/checkpoint-8/model.safetensors",
+        f"other/checkpoint-12/{record}",
+        f"job/checkpoint-9/nested/{record}",  # not the checkpoint's own record
+    ]
+    assert committed_step(keys, "job") == 4
+    assert committed_step(keys, "other/") == 12
+    assert committed_step(keys[1:4], "job") is None

@@ -1,0 +1,228 @@
+"""One pod of a two-node job preempted: where bench/rhai.py's peer breaks, beside jitckpt.
+
+A node drained for maintenance, or an autoscaler's eviction, stops one pod of a job, not
+all of them. The peer's SIGTERM flag is each process's own: the preempted rank saves at
+its next step end while the other trains on, and the save's collectives meet the other's
+next step. jitckpt's ranks agree on the step to stop at, so both save that step and both
+stop. Each run: a job of two nodes (one torchrun each, gloo, one process, as the SDK's
+`torchrun` command), node 1's torchrun SIGTERMed after step `rhai.SIGTERM_AFTER_STEP`,
+node 0 never (it was not preempted; it is killed only if still there when node 1's grace
+period ends, as a job's restart would). Measured: the SIGTERM to both nodes gone, and
+whether the store then holds a checkpoint of one step from both nodes that the subject's
+own resume takes (jitckpt: a commit record; the peer: a checkpoint-N with no incomplete
+marker); each run's exit codes and last steps kept beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench import rhai, timeline
+from bench.results import Case, Series
+from bench.training_run import ModelShape, wait_for_step, workload_argv
+from local.background import Background
+
+if TYPE_CHECKING:
+    from local.s3server import LocalS3
+
+GRACE_SECONDS = 90.0
+COMMIT_WAIT_SECONDS = 120.0
+PREFIX = "bench/one-of-two"
+
+
+@dataclass(frozen=True)
+class OneOfTwo:
+    """A job of 2 nodes of which only node 1's pod is SIGTERMed."""
+
+    step: int | None  # the checkpoint the subject's resume takes at the end; None: none
+    exit_codes: tuple[int | None, int | None]  # node 0, node 1; -9: killed after the grace
+    killed: tuple[bool, bool]  # still running at the end of node 1's grace period
+    last_steps: tuple[int | None, int | None]  # the last step each node ended
+    seconds: float  # SIGTERM to both nodes' trainers gone
+
+
+def committed_step(keys: Iterable[str], prefix: str) -> int | None:
+    """The newest checkpoint under ``prefix`` with a jitckpt commit record, or None."""
+    from shim import layout
+    from sidecar.summary import RECORD_NAME
+
+    start = prefix.rstrip("/") + "/"
+    steps = []
+    for key in keys:
+        if not key.startswith(start):
+            continue
+        found = rhai.CHECKPOINT.match(key[len(start) :])
+        if found is not None and found[2] == f"{layout.MANIFEST_DIR}/{RECORD_NAME}":
+            steps.append(int(found[1]))
+    return max(steps) if steps else None
+
+
+def _keys(s3_env: dict[str, str], bucket: str, prefix: str) -> list[str]:
+    from bench.sigterm_to_durable import _s3_client
+
+    client = _s3_client(s3_env)
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return [item["Key"] for page in pages for item in page.get("Contents", [])]
+
+
+def _stop_node_1(
+    trainers: list[Background], timelines: list[Path], grace: float
+) -> tuple[list[int | None], list[bool], float]:
+    """SIGTERM node 1 after the step; wait for both within its grace, SIGKILL what is left
+    (the whole torchrun group, as a container's end kills its processes)."""
+    wait_for_step(trainers[0], timelines[0], rhai.SIGTERM_AFTER_STEP)
+    started = time.monotonic()
+    os.kill(trainers[1].pid, signal.SIGTERM)
+    deadline = started + grace
+    codes: list[int | None] = [None, None]
+    killed = [False, False]
+    for rank in (1, 0):
+        process = trainers[rank].process
+        assert process is not None
+        try:
+            codes[rank] = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except Exception:
+            killed[rank] = True
+            os.killpg(os.getpgid(process.pid), signal.SIGKILL)
+            codes[rank] = process.wait(timeout=60)
+    return codes, killed, time.monotonic() - started
+
+
+def _last_steps(timelines: list[Path]) -> tuple[int | None, int | None]:
+    ends = [timeline.times(timeline.read(path), "step_end") for path in timelines]
+    return (max(ends[0]) if ends[0] else None, max(ends[1]) if ends[1] else None)
+
+
+def _trainer_env(base: dict[str, str]) -> dict[str, str]:
+    """One thread a trainer: two nodes share this machine's 2 cores."""
+    return dict(base, OMP_NUM_THREADS="1")
+
+
+def one_of_two_rhai(
+    checkout: Path, work: Path, shape: ModelShape, s3_env: dict[str, str], grace: float
+) -> OneOfTwo:
+    """The peer's two pods, node 1's preempted."""
+    from bench.sigterm_to_durable import _torchrun
+    from local.ports import free_port
+
+    port = free_port()
+    timelines = [work / f"node-{rank}" / "timeline.jsonl" for rank in (0, 1)]
+    with contextlib.ExitStack() as stack:
+        trainers = []
+        for rank, timeline_path in enumerate(timelines):
+            here = timeline_path.parent
+            here.mkdir()
+            output = here / "output"
+            argv = workload_argv(shape, output, timeline_path)[3:]
+            remote = f"s3://{rhai.BUCKET}/{rhai.RHAI_PREFIX}"
+            path = here / "train.py"
+            path.write_text(rhai.script(checkout, argv, output, remote, rhai.Periodic()))
+            command = _torchrun(2, rank, port, [str(path)])
+            env = _trainer_env(rhai.trainer_env(s3_env))
+            trainers.append(stack.enter_context(Background(command, env=env, log=here / "log")))
+        codes, killed, seconds = _stop_node_1(trainers, timelines, grace)
+    step = rhai.complete_step(_keys(s3_env, rhai.BUCKET, rhai.RHAI_PREFIX))
+    return OneOfTwo(step, (codes[0], codes[1]), (killed[0], killed[1]), _last_steps(timelines),
+                    seconds)  # fmt: skip
+
+
+def one_of_two_jitckpt(
+    work: Path, shape: ModelShape, s3_env: dict[str, str], grace: float
+) -> OneOfTwo:
+    """jitckpt's two pods (an agent each, as its sidecar), node 1's preempted; the agents
+    are given until `COMMIT_WAIT_SECONDS` after the trainers are gone to commit."""
+    from bench.jitckpt_node import JitckptNode
+    from bench.sigterm_to_durable import BUCKET, _torchrun
+    from local.ports import free_port
+
+    port = free_port()
+    destination = f"s3://{BUCKET}/{PREFIX}"
+    timelines = [work / f"node-{rank}" / "timeline.jsonl" for rank in (0, 1)]
+    with contextlib.ExitStack() as stack:
+        trainers = []
+        for rank, timeline_path in enumerate(timelines):
+            here = timeline_path.parent
+            node = JitckptNode(here / "node", destination, s3_env, nnodes=2, node_rank=rank,
+                               nproc_per_node=1)  # fmt: skip
+            stack.enter_context(node)
+            argv = workload_argv(shape, here / "output", timeline_path)[1:]
+            command = _torchrun(2, rank, port, argv)
+            env = node.trainer_env(_trainer_env(dict(os.environ)))
+            trainers.append(stack.enter_context(Background(command, env=env, log=here / "log")))
+        codes, killed, seconds = _stop_node_1(trainers, timelines, grace)
+        deadline = time.monotonic() + COMMIT_WAIT_SECONDS
+        step = committed_step(_keys(s3_env, BUCKET, PREFIX), PREFIX)
+        while step is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            step = committed_step(_keys(s3_env, BUCKET, PREFIX), PREFIX)
+    return OneOfTwo(step, (codes[0], codes[1]), (killed[0], killed[1]), _last_steps(timelines),
+                    seconds)  # fmt: skip
+
+
+def one_of_two_cases(
+    label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path, *,
+    grace: float = GRACE_SECONDS,
+) -> list[Case]:  # fmt: skip
+    """Each subject ``reps`` times, alternating."""
+    from bench.sigterm_to_durable import BUCKET
+
+    shape = ModelShape.for_state(label, state_bytes)
+    runs: dict[str, list[OneOfTwo]] = {s: [] for s in rhai.SUBJECTS}
+    for rep in range(reps):
+        for subject in rhai.SUBJECTS[rep % 2 :] + rhai.SUBJECTS[: rep % 2]:
+            s3.reset()
+            s3.create_bucket(BUCKET)
+            s3.create_bucket(rhai.BUCKET)
+            with tempfile.TemporaryDirectory(prefix="bench-rhai-two-") as tmp:
+                if subject == rhai.JITCKPT:
+                    done = one_of_two_jitckpt(Path(tmp), shape, s3.credentials_env(), grace)
+                else:
+                    done = one_of_two_rhai(checkout, Path(tmp), shape, s3.credentials_env(), grace)
+            runs[subject].append(done)
+            print(f"[bench] rhai one of two {label} rep {rep} {subject}: {done}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    case = (f"{label} state, 2 nodes, only node 1's pod SIGTERMed after step "
+            f"{rhai.SIGTERM_AFTER_STEP} (grace {grace:.0f} s)")  # fmt: skip
+
+    def params(subject: str) -> dict[str, list[object]]:
+        found = runs[subject]
+        return {
+            "checkpoint_step": [r.step for r in found],
+            "exit_codes": [list(r.exit_codes) for r in found],
+            "killed_at_grace": [list(r.killed) for r in found],
+            "last_steps": [list(r.last_steps) for r in found],
+        }
+
+    resumable = {s: sum(r.step is not None for r in runs[s]) for s in rhai.SUBJECTS}
+    return [
+        Case(rhai.NAME, case, "node 1's SIGTERM to both nodes' trainers gone", "s", True,
+             [Series(s, [r.seconds for r in runs[s]], params(s)) for s in rhai.SUBJECTS],
+             note="rhai one of two: a checkpoint of both nodes that the subject's own resume "
+             "takes, in the store at the end: "
+             + ", ".join(f"{s} {resumable[s]} of {len(runs[s])}" for s in rhai.SUBJECTS)),
+        Case(rhai.NAME, case, "runs ending with a checkpoint both nodes resume from", "runs",
+             False,
+             [Series(s, [float(r.step is not None) for r in runs[s]], params(s))
+              for s in rhai.SUBJECTS],
+             note="rhai one of two: 1 a run that ends with one, 0 one that ends with none "
+             "(jitckpt: a commit record; the peer: a checkpoint-N with no incomplete marker)"),
+    ]  # fmt: skip
+
+
+def print_outcomes(checkout: Path, reps: int) -> int:
+    """Both subjects ``reps`` times at 50 MB, each outcome printed and nothing recorded:
+    a quick look at where a subject breaks, read from the outcomes, not from a median."""
+    from local.s3server import LocalS3
+
+    with LocalS3() as s3:
+        one_of_two_cases("50 MB", 50 * rhai.MB, reps, s3, checkout)
+    return 0
