@@ -22,8 +22,7 @@ from local.background import Background
 from shim import layout
 from shim.asyncsave import ENV_ASYNC_SAVE
 
-GRACE_SECONDS = 300
-SHUTDOWN_MARGIN = 15  # the webhook leaves torchrun this much less than the grace period
+GRACE_SECONDS = 300  # the webhook's default terminationGracePeriodSeconds
 
 
 @dataclass
@@ -37,6 +36,7 @@ class JitckptNode:
     node_rank: int = 0
     nproc_per_node: int | None = None  # given only where torchrun's rendezvous is static
     pvc_mount: Path | None = None  # where a pvc:// destination's claim is "mounted"
+    grace_seconds: int = GRACE_SECONDS  # the pod's; whoever stops the node keeps to it
     agent: Background | None = field(default=None, init=False)
 
     @property
@@ -68,7 +68,7 @@ class JitckptNode:
                 layout.ENV_VERIFY_SSL: "true",
                 layout.ENV_VERIFY_ACCESS: "true",
                 layout.ENV_RESUME: "true",
-                layout.ENV_GRACE_SECONDS: str(GRACE_SECONDS),
+                layout.ENV_GRACE_SECONDS: str(self.grace_seconds),
                 layout.ENV_MODE: "native",
                 layout.ENV_DIR: str(self.local_dir),
                 layout.ENV_SOCKET: str(self.socket_path),
@@ -94,9 +94,9 @@ class JitckptNode:
             {
                 layout.ENV_DIR: str(self.local_dir),
                 layout.ENV_SOCKET: str(self.socket_path),
-                layout.ENV_GRACE_SECONDS: str(GRACE_SECONDS),
+                layout.ENV_GRACE_SECONDS: str(self.grace_seconds),
                 layout.ENV_JIT: "true",
-                layout.ENV_TORCH_SHUTDOWN: str(GRACE_SECONDS - SHUTDOWN_MARGIN),
+                layout.ENV_TORCH_SHUTDOWN: str(layout.shutdown_timeout(self.grace_seconds)),
             }
         )
         return env

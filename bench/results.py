@@ -73,9 +73,12 @@ class Case:
     def ratios(self) -> dict[str, float | None]:
         """reference median / peer median, for every other subject."""
         try:
-            reference = self.find(self.reference).summary().median
+            found = self.find(self.reference)
         except KeyError:
             return {}
+        if not found.samples:  # the reference never answered (a run without a figure)
+            return {}
+        reference = found.summary().median
         return {
             s.subject: ratio(reference, s.summary().median)
             for s in self.series

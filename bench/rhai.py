@@ -651,8 +651,10 @@ def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: 
 
 def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
     """SIGTERM to durable at 50 MB (and 500 MB unless quick) with its floor, the steady
-    runs' speed and local volume at the same sizes, the stop and resume and one pod of two
-    preempted at 50 MB, each subject ``reps`` times, alternating."""
+    runs' speed and local volume at the same sizes, and at 50 MB the stop and resume, one
+    pod of two preempted, a preemption during a periodic upload with a long and a short
+    grace period, each subject ``reps`` times, alternating."""
+    from bench.rhai_breaks import break_cases
     from bench.rhai_one_of_two import one_of_two_cases
     from bench.rhai_steady import steady_cases
     from local.s3server import LocalS3
@@ -664,7 +666,9 @@ def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
         durable = [durable_case(label, size, reps, s3, checkout) for label, size in sizes]
         steady = [c for label, size in sizes for c in steady_cases(label, size, reps, s3, checkout)]
         two = one_of_two_cases("50 MB", 50 * MB, reps, s3, checkout)
-        return [*exact_cases("50 MB", 50 * MB, reps, s3, checkout), *durable, *steady, *two]
+        breaks = break_cases("50 MB", 50 * MB, reps, s3, checkout)
+        exact = exact_cases("50 MB", 50 * MB, reps, s3, checkout)
+        return [*exact, *durable, *steady, *two, *breaks]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
