@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -56,6 +57,16 @@ MAX_PARTS = 10_000  # S3's most parts of one multipart upload
 # Buffers per vectored write: well under the kernel's IOV_MAX (1024).
 IOV_BATCH = 256
 MISSING_CODES = ("NoSuchKey", "404", "NotFound")
+# How often a periodic file's one-request upload looks whether an urgent one wants the link.
+YIELD_POLL_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
+
+
+async def _until_closed(gate: PartGate) -> None:
+    """Return once ``gate`` is closed (an asyncio.Event says when it is set, not cleared)."""
+    while gate.is_set():
+        await asyncio.sleep(YIELD_POLL_SECONDS)
 
 
 def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
@@ -259,13 +270,17 @@ class S3Store(Store):
         size = source.size
         before = self.policy.retries
         if size <= self.single_put_max:
-            # Read only once the slots are held: what waits for them holds no memory.
-            async with self._slot(gate, size):
-                data = await asyncio.to_thread(source.pread, 0, size)
-                await asyncio.to_thread(source.check_size)
-                sent = checksum.of_bytes(data)
-                check_sent(source.name, crc32c, sent)
-                await self._put(key, data, sent)
+            # A body larger than a part yields to urgent uploads as parts do between them.
+            yielding = gate if size > self.part_size else None
+            while True:
+                # Read only once the slots are held: what waits for them holds no memory.
+                async with self._slot(gate, size):
+                    data = await asyncio.to_thread(source.pread, 0, size)
+                    await asyncio.to_thread(source.check_size)
+                    sent = checksum.of_bytes(data)
+                    check_sent(source.name, crc32c, sent)
+                    if await self._put_unless_paused(key, data, sent, yielding):
+                        break
             return PutResult(size=size, parts=1, retries=self.policy.retries - before, crc32c=sent)
         parts, sent = await self._multipart(key, source, crc32c, gate)
         return PutResult(size=size, parts=parts, retries=self.policy.retries - before, crc32c=sent)
@@ -288,6 +303,34 @@ class S3Store(Store):
             yield
         finally:
             self._slots.release(count)
+
+    async def _put_unless_paused(
+        self, key: str, data: bytes, crc32c: str, gate: PartGate | None
+    ) -> bool:
+        """One PutObject of ``data``, cut off if ``gate`` closes before it is answered (an
+        urgent upload wants the link): False then, and the caller sends it again once the
+        gate opens. A periodic file of up to `single_put_max` bytes would otherwise share
+        the link with a JIT upload for as long as it takes to send, where a multipart one
+        gives way within a part; the bytes sent are lost, but a JIT checkpoint committed
+        makes this older one useless anyway, and one that cannot be committed within the
+        grace period would have had none of the link either way."""
+        if gate is None:
+            await self._put(key, data, crc32c)
+            return True
+        put = asyncio.ensure_future(self._put(key, data, crc32c))
+        closed = asyncio.ensure_future(_until_closed(gate))
+        try:
+            await asyncio.wait({put, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (put, closed):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(put, closed, return_exceptions=True)
+        if put.cancelled():
+            log.info("put of %s/%s cut off for an urgent upload: sent again after", self._uri, key)
+            return False
+        put.result()
+        return True
 
     async def _put(self, key: str, data: bytes, crc32c: str) -> None:
         """One PutObject of ``data``; the caller holds its slots."""

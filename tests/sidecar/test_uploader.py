@@ -174,6 +174,44 @@ def test_jit_pauses_a_running_periodic_upload(
     assert queue.steps == [9]
 
 
+def test_jit_cuts_off_a_periodic_file_sent_in_one_request(
+    tmp_path: Path, proxy: FaultProxy, bucket: str
+) -> None:
+    """A periodic file larger than a part but sent in one request (the default threshold)
+    is mid-upload over a slow link when a JIT checkpoint is staged: the periodic request
+    is cut off at once, so the JIT upload has the link to itself, rather than sharing it
+    until the periodic file is sent; the periodic one, older, is then superseded."""
+    config = AgentConfig(destination=f"s3://{bucket}/ns/job", local_dir=tmp_path / "local")
+    big = 40 * 1024 * 1024  # over a part (16 MiB), under the single-request threshold
+    assert config.part_size < big <= config.single_put_max
+    rate = 20_000_000
+    proxy.limit_bandwidth(rate)
+    queue = Queue(config)
+    periodic = queue.job(8, "periodic", {"w": big})
+    jit = queue.job(9, "jit", {"w": 44 * 1024 * 1024})
+
+    def periodic_put() -> list[object]:
+        return [r for r in proxy.requests if r.method == "PUT" and "checkpoint-8/w" in r.target]
+
+    async def main() -> None:
+        async with open_store(config) as store:
+            uploader = Uploader(store, config, Metrics(), queue.on_commit)
+            await uploader.submit(periodic)
+            async with lanes(uploader):
+                while not periodic_put():
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.6)  # over a quarter of the way through its 2.1 s
+                await uploader.submit(jit)
+                await asyncio.wait_for(uploader.wait_idle(), 60)
+
+    asyncio.run(main())
+    # Sharing the link, the periodic request (under 30 MiB left) would end before the JIT
+    # upload's 44 MiB; cut off, it never ends, and is not sent again: superseded.
+    cut = periodic_put()
+    assert len(cut) == 1 and cut[0].status is None, cut
+    assert queue.steps == [9]
+
+
 def test_a_stuck_jit_upload_holds_periodic_ones_back_only_so_long(
     tmp_path: Path, proxy: FaultProxy, bucket: str
 ) -> None:
