@@ -43,7 +43,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -115,6 +115,24 @@ def check_checkout(checkout: Path | None) -> Path:
         if not (checkout / part).is_file():
             raise Absent(f"{checkout} has no {part}: not a kubeflow-sdk checkout with rhai/")
     return checkout
+
+
+def rotated(subjects: Sequence[str], reps: int) -> Iterator[tuple[int, str]]:
+    """(repetition, subject) of every run: each subject once a repetition, the order
+    rotated so that none always runs first (on a cold page cache, a cooler machine)."""
+    for rep in range(reps):
+        shift = rep % len(subjects)
+        for subject in (*subjects[shift:], *subjects[:shift]):
+            yield rep, subject
+
+
+def fresh_buckets(s3: LocalS3) -> None:
+    """An empty store holding both subjects' buckets: no run sees another's objects."""
+    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
+
+    s3.reset()
+    s3.create_bucket(JITCKPT_BUCKET)
+    s3.create_bucket(BUCKET)
 
 
 def _load(path: Path, name: str) -> ModuleType:
@@ -523,7 +541,6 @@ FLOOR = "HF's own save at the next step + s5cmd cp of it alone (floor)"
 def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> Case:
     """SIGTERM to durable at one size, each subject ``reps`` times, rotating, and its floor:
     the same bytes saved once (a synchronous save at the next step) and uploaded once."""
-    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
     from bench.sigterm_to_durable import SYNC, run_jitckpt, run_peer
 
     shape = ModelShape.for_state(label, state_bytes)
@@ -535,38 +552,35 @@ def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout:
         s: {"exit_codes": [], "sigterm_to_trainer_exit_s": [], "checkpoint_bytes": []} for s in who
     }
     never = 0
-    for rep in range(reps):
-        for subject in who[rep % 3 :] + who[: rep % 3]:
-            s3.reset()
-            s3.create_bucket(JITCKPT_BUCKET)
-            s3.create_bucket(BUCKET)
-            with tempfile.TemporaryDirectory(prefix="bench-rhai-") as tmp:
-                work = Path(tmp)
-                taken: float | None
-                done: Outcome | Preempted
-                if subject == JITCKPT:
-                    done = run_jitckpt(work, shape, s3_env, timeout)
-                    taken = done.seconds
-                elif subject == FLOOR:
-                    done = run_peer(SYNC, work, shape, s3_env, timeout)
-                    taken = done.floor_seconds
-                else:
-                    done = run_rhai(checkout, work, shape, s3_env)
-                    taken = done.seconds
-            exit_s, code, size = done.trainer_exit_seconds, done.exit_code, done.checkpoint_bytes
-            if taken is None:
-                never += 1
+    for rep, subject in rotated(who, reps):
+        fresh_buckets(s3)
+        with tempfile.TemporaryDirectory(prefix="bench-rhai-") as tmp:
+            work = Path(tmp)
+            taken: float | None
+            done: Outcome | Preempted
+            if subject == JITCKPT:
+                done = run_jitckpt(work, shape, s3_env, timeout)
+                taken = done.seconds
+            elif subject == FLOOR:
+                done = run_peer(SYNC, work, shape, s3_env, timeout)
+                taken = done.floor_seconds
             else:
-                seconds[subject].append(taken)
-            params[subject]["exit_codes"].append(code)
-            params[subject]["sigterm_to_trainer_exit_s"].append(round(exit_s, 3))
-            params[subject]["checkpoint_bytes"].append(size)
-            print(
-                f"[bench] rhai {label} rep {rep} {subject}: durable after {taken} s, "
-                f"trainer gone after {exit_s:.2f} s, exit {code}, {size / MB:.0f} MB",
-                file=sys.stderr,
-                flush=True,
-            )
+                done = run_rhai(checkout, work, shape, s3_env)
+                taken = done.seconds
+        exit_s, code, size = done.trainer_exit_seconds, done.exit_code, done.checkpoint_bytes
+        if taken is None:
+            never += 1
+        else:
+            seconds[subject].append(taken)
+        params[subject]["exit_codes"].append(code)
+        params[subject]["sigterm_to_trainer_exit_s"].append(round(exit_s, 3))
+        params[subject]["checkpoint_bytes"].append(size)
+        print(
+            f"[bench] rhai {label} rep {rep} {subject}: durable after {taken} s, "
+            f"trainer gone after {exit_s:.2f} s, exit {code}, {size / MB:.0f} MB",
+            file=sys.stderr,
+            flush=True,
+        )
     return Case(
         benchmark=NAME,
         case=f"{label} state (h={shape.hidden_size}, layers={shape.layers}), 1 node",
@@ -587,7 +601,6 @@ def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: 
     alternating: whether it ends bitwise equal to the run uninterrupted, what the
     preemption cost (both attempts' walls beyond the uninterrupted run's) and the new
     pod's start to its first step."""
-    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
 
     shape = ModelShape.for_state(label, state_bytes)
     s3_env = s3.credentials_env()
@@ -598,9 +611,7 @@ def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: 
             reference = uninterrupted(Path(tmp) / f"rep-{rep}", shape)
             walls.append(reference.seconds)
             for subject in SUBJECTS[rep % 2 :] + SUBJECTS[: rep % 2]:
-                s3.reset()
-                s3.create_bucket(JITCKPT_BUCKET)
-                s3.create_bucket(BUCKET)
+                fresh_buckets(s3)
                 with tempfile.TemporaryDirectory(prefix="bench-rhai-exact-") as run_tmp:
                     if subject == JITCKPT:
                         resumed = exact_jitckpt(Path(run_tmp), shape, s3_env, reference.weights)

@@ -137,25 +137,21 @@ def run_break(
 
 def break_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> list[Case]:
     """Both grace periods, each subject ``reps`` times, alternating, through one capped proxy."""
-    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
     from tests.support.faultproxy import FaultProxy
 
     shape = ModelShape.for_state(label, state_bytes)
     cases: list[Case] = []
     for grace in (LONG_GRACE, SHORT_GRACE):
         runs: dict[str, list[Broken]] = {s: [] for s in rhai.SUBJECTS}
-        for rep in range(reps):
-            for subject in rhai.SUBJECTS[rep % 2 :] + rhai.SUBJECTS[: rep % 2]:
-                s3.reset()
-                s3.create_bucket(JITCKPT_BUCKET)
-                s3.create_bucket(rhai.BUCKET)
-                with FaultProxy(s3.endpoint) as proxy, tempfile.TemporaryDirectory() as tmp:
-                    proxy.limit_bandwidth(CAP)
-                    env = dict(s3.credentials_env(), AWS_S3_ENDPOINT=proxy.endpoint)
-                    done = run_break(subject, Path(tmp), shape, env, checkout, grace=grace)
-                runs[subject].append(done)
-                print(f"[bench] rhai break {label} grace {grace} rep {rep} {subject}: {done}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+        for rep, subject in rhai.rotated(rhai.SUBJECTS, reps):
+            rhai.fresh_buckets(s3)
+            with FaultProxy(s3.endpoint) as proxy, tempfile.TemporaryDirectory() as tmp:
+                proxy.limit_bandwidth(CAP)
+                env = dict(s3.credentials_env(), AWS_S3_ENDPOINT=proxy.endpoint)
+                done = run_break(subject, Path(tmp), shape, env, checkout, grace=grace)
+            runs[subject].append(done)
+            print(f"[bench] rhai break {label} grace {grace} rep {rep} {subject}: {done}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         cases.append(_case(label, grace, runs))
     return cases
 

@@ -173,23 +173,19 @@ def one_of_two_cases(
     grace: float = GRACE_SECONDS,
 ) -> list[Case]:  # fmt: skip
     """Each subject ``reps`` times, alternating."""
-    from bench.sigterm_to_durable import BUCKET
 
     shape = ModelShape.for_state(label, state_bytes)
     runs: dict[str, list[OneOfTwo]] = {s: [] for s in rhai.SUBJECTS}
-    for rep in range(reps):
-        for subject in rhai.SUBJECTS[rep % 2 :] + rhai.SUBJECTS[: rep % 2]:
-            s3.reset()
-            s3.create_bucket(BUCKET)
-            s3.create_bucket(rhai.BUCKET)
-            with tempfile.TemporaryDirectory(prefix="bench-rhai-two-") as tmp:
-                if subject == rhai.JITCKPT:
-                    done = one_of_two_jitckpt(Path(tmp), shape, s3.credentials_env(), grace)
-                else:
-                    done = one_of_two_rhai(checkout, Path(tmp), shape, s3.credentials_env(), grace)
-            runs[subject].append(done)
-            print(f"[bench] rhai one of two {label} rep {rep} {subject}: {done}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+    for rep, subject in rhai.rotated(rhai.SUBJECTS, reps):
+        rhai.fresh_buckets(s3)
+        with tempfile.TemporaryDirectory(prefix="bench-rhai-two-") as tmp:
+            if subject == rhai.JITCKPT:
+                done = one_of_two_jitckpt(Path(tmp), shape, s3.credentials_env(), grace)
+            else:
+                done = one_of_two_rhai(checkout, Path(tmp), shape, s3.credentials_env(), grace)
+        runs[subject].append(done)
+        print(f"[bench] rhai one of two {label} rep {rep} {subject}: {done}",
+              file=sys.stderr, flush=True)  # fmt: skip
     case = (f"{label} state, 2 nodes, only node 1's pod SIGTERMed after step "
             f"{rhai.SIGTERM_AFTER_STEP} (grace {grace:.0f} s)")  # fmt: skip
 

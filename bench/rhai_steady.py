@@ -105,21 +105,17 @@ def steady_cases(
     label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path
 ) -> list[Case]:
     """Each subject ``reps`` times, rotating: steps/s and the local volume's peak."""
-    from bench.sigterm_to_durable import BUCKET as JITCKPT_BUCKET
 
     shape = ModelShape.for_state(label, state_bytes)
     runs: dict[str, list[Steady]] = {s: [] for s in SUBJECTS}
-    for rep in range(reps):
-        for subject in SUBJECTS[rep % 3 :] + SUBJECTS[: rep % 3]:
-            s3.reset()
-            s3.create_bucket(JITCKPT_BUCKET)
-            s3.create_bucket(rhai.BUCKET)
-            started = time.monotonic()
-            with tempfile.TemporaryDirectory(prefix="bench-rhai-steady-") as tmp:
-                done = run_steady(subject, Path(tmp), shape, s3.credentials_env(), checkout)
-            runs[subject].append(done)
-            print(f"[bench] rhai steady {label} rep {rep} {subject}: {done}, "
-                  f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+    for rep, subject in rhai.rotated(SUBJECTS, reps):
+        rhai.fresh_buckets(s3)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="bench-rhai-steady-") as tmp:
+            done = run_steady(subject, Path(tmp), shape, s3.credentials_env(), checkout)
+        runs[subject].append(done)
+        print(f"[bench] rhai steady {label} rep {rep} {subject}: {done}, "
+              f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
     case = (f"{label} state, {STEPS} steps never preempted, a save every {SAVE_EVERY} "
             f"(save_total_limit {SAVE_TOTAL_LIMIT}), 1 node")  # fmt: skip
 

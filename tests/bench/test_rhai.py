@@ -193,3 +193,11 @@ def test_committed_step_is_what_jitckpts_resume_takes() -> None:
     assert committed_step(keys, "job") == 4
     assert committed_step(keys, "other/") == 12
     assert committed_step(keys[1:4], "job") is None
+
+
+def test_every_subject_once_a_repetition_none_always_first() -> None:
+    runs = list(rhai.rotated(("a", "b", "c"), 4))
+    assert [s for rep, s in runs if rep == 0] == ["a", "b", "c"]
+    assert [s for rep, s in runs if rep == 1] == ["b", "c", "a"]
+    assert [s for rep, s in runs if rep == 3] == ["a", "b", "c"]
+    assert len(runs) == 12
