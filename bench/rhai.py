@@ -370,7 +370,8 @@ def _first_step(timeline_path: Path) -> int | None:
 
 
 def _first_step_after(timeline_path: Path, started: float) -> float | None:
-    """Seconds from ``started`` (time.time()) to the timeline's first step's begin."""
+    """Seconds from ``started`` (time.monotonic(), the timeline's clock: the system's, shared
+    by every process) to the timeline's first step's begin."""
     from bench import timeline
 
     begun = timeline.times(timeline.read(timeline_path), "step_begin")
@@ -396,16 +397,17 @@ def uninterrupted(work: Path, shape: ModelShape, max_steps: int = EXACT_MAX_STEP
     """The reference: the same run to its end with no preemption and no checkpointing
     product, its last step saved by HF."""
     output = work / "reference"
+    work.mkdir(parents=True, exist_ok=True)
     argv = workload_argv(
         shape, output, work / "reference.jsonl", max_steps=max_steps, save_steps=max_steps
     )
-    started = time.time()
+    started = time.monotonic()
     with Background(argv, env=dict(os.environ), log=work / "reference.log") as trainer:
         assert trainer.process is not None
         code = trainer.process.wait(timeout=600)
     if code != 0:
         raise RuntimeError(f"the uninterrupted run exited {code}")
-    return Reference(_final_weights(output, max_steps), time.time() - started)
+    return Reference(_final_weights(output, max_steps), time.monotonic() - started)
 
 
 @dataclass(frozen=True)
@@ -455,7 +457,7 @@ def exact_rhai(
         periodic = Periodic("steps", max_steps)
         path.write_text(script(checkout, argv, output, f"s3://{BUCKET}/{RHAI_PREFIX}", periodic))
         command = [sys.executable, str(path)]
-        started.append(time.time())
+        started.append(time.monotonic())
         with Background(command, env=trainer_env(s3_env), log=here / "trainer.log") as trainer:
             assert trainer.process is not None
             if attempt == 1:
@@ -463,7 +465,7 @@ def exact_rhai(
                 codes.append(_preempt(trainer, GRACE_SECONDS)[1])
             else:
                 codes.append(trainer.process.wait(timeout=600))
-        walls.append(time.time() - started[-1])  # its pod is gone once its script exited
+        walls.append(time.monotonic() - started[-1])  # its pod is gone once its script exited
     client = _s3_client(s3_env)
     final = work / "final.safetensors"
     client.download_file(
@@ -513,7 +515,7 @@ def exact_jitckpt(
         here = work / f"attempt-{attempt}"
         timeline_path = here / "timeline.jsonl"
         timelines.append(timeline_path)
-        started.append(time.time())
+        started.append(time.monotonic())
         with JitckptNode(here / "node", f"s3://{JITCKPT_BUCKET}/bench/exact", s3_env) as node:
             argv = workload_argv(
                 shape, here / "output", timeline_path, max_steps=max_steps, save_steps=max_steps
@@ -527,7 +529,7 @@ def exact_jitckpt(
                     codes.append(trainer.process.wait(timeout=600))
             _wait_committed(s3_env, JITCKPT_BUCKET, "bench/exact")
         # the pod is gone once its agent is: it exits when its uploads are done
-        walls.append(time.time() - started[-1])
+        walls.append(time.monotonic() - started[-1])
     final = _final_weights(work / "attempt-2", max_steps)
     return Resumed(
         _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
@@ -674,11 +676,11 @@ def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
     reps = options.repetitions(3, 3)
     sizes = [("50 MB", 50 * MB)] + ([] if options.quick else [("500 MB", 500 * MB)])
     with LocalS3() as s3:
+        exact = exact_cases("50 MB", 50 * MB, reps, s3, checkout)
         durable = [durable_case(label, size, reps, s3, checkout) for label, size in sizes]
         steady = [c for label, size in sizes for c in steady_cases(label, size, reps, s3, checkout)]
         two = one_of_two_cases("50 MB", 50 * MB, reps, s3, checkout)
         breaks = break_cases("50 MB", 50 * MB, reps, s3, checkout)
-        exact = exact_cases("50 MB", 50 * MB, reps, s3, checkout)
         return [*exact, *durable, *steady, *two, *breaks]
 
 
