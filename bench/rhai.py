@@ -243,14 +243,38 @@ def complete_step(keys: Iterable[str], prefix: str = RHAI_PREFIX) -> int | None:
     return max(complete) if complete else None
 
 
-def _objects(client: Any, prefix: str) -> dict[str, int]:
-    """Key -> size of every object under ``prefix`` in the peer's bucket."""
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix + "/")
+def committed_step(keys: Iterable[str], prefix: str) -> int | None:
+    """The step of the checkpoint jitckpt's resume would take from these object keys: the
+    newest `checkpoint-N` under ``prefix`` with a commit record, or None."""
+    from shim import layout
+    from sidecar.summary import RECORD_NAME
+
+    start = prefix.rstrip("/") + "/"
+    steps = []
+    for key in keys:
+        if not key.startswith(start):
+            continue
+        found = CHECKPOINT.match(key[len(start) :])
+        if found is not None and found[2] == f"{layout.MANIFEST_DIR}/{RECORD_NAME}":
+            steps.append(int(found[1]))
+    return max(steps) if steps else None
+
+
+def _objects(client: Any, prefix: str, bucket: str = BUCKET) -> dict[str, int]:
+    """Key -> size of every object under ``prefix`` in ``bucket`` (the peer's unless said)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
     return {item["Key"]: item["Size"] for page in pages for item in page.get("Contents", [])}
 
 
 def _keys(client: Any, prefix: str) -> list[str]:
     return list(_objects(client, prefix))
+
+
+def store_keys(s3_env: dict[str, str], bucket: str, prefix: str) -> list[str]:
+    """The keys under ``prefix`` in ``bucket`` of the store ``s3_env`` names."""
+    from bench.sigterm_to_durable import _s3_client
+
+    return list(_objects(_s3_client(s3_env), prefix, bucket))
 
 
 def _stored_bytes(client: Any, prefix: str) -> int:
@@ -479,16 +503,9 @@ def exact_rhai(
 
 def _wait_committed(s3_env: dict[str, str], bucket: str, prefix: str, timeout: float = 300) -> None:
     """Until a jitckpt commit record is under ``prefix``: the node is not stopped before."""
-    from bench.sigterm_to_durable import _s3_client
-    from shim import layout
-    from sidecar.summary import RECORD_NAME
-
-    client = _s3_client(s3_env)
-    suffix = f"/{layout.MANIFEST_DIR}/{RECORD_NAME}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        if any(i["Key"].endswith(suffix) for page in pages for i in page.get("Contents", [])):
+        if committed_step(store_keys(s3_env, bucket, prefix), prefix) is not None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"no jitckpt commit under {prefix} after {timeout} s")

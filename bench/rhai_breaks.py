@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from bench import rhai
 from bench.results import Case, Series
-from bench.rhai_one_of_two import _keys, committed_step
 from bench.training_run import ModelShape, wait_for_step, workload_argv
 from local.background import Background
 
@@ -116,7 +115,7 @@ def run_break(
             wait_for_step(trainer, timeline_path, SIGTERM_AFTER)
 
             def resumable() -> int | None:
-                return committed_step(_keys(s3_env, JITCKPT_BUCKET, PREFIX), PREFIX)
+                return rhai.committed_step(rhai.store_keys(s3_env, JITCKPT_BUCKET, PREFIX), PREFIX)
 
             durable, code, killed = _stop(trainer, node.agent, grace, resumable)
         return Broken(durable, resumable(), code, killed)
@@ -129,7 +128,7 @@ def run_break(
         wait_for_step(trainer, timeline_path, SIGTERM_AFTER)
 
         def resumable() -> int | None:
-            return rhai.complete_step(_keys(s3_env, rhai.BUCKET, rhai.RHAI_PREFIX))
+            return rhai.complete_step(rhai.store_keys(s3_env, rhai.BUCKET, rhai.RHAI_PREFIX))
 
         durable, code, killed = _stop(trainer, None, grace, resumable)
     return Broken(durable, resumable(), code, killed)

@@ -21,7 +21,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,30 +47,6 @@ class OneOfTwo:
     killed: tuple[bool, bool]  # still running at the end of node 1's grace period
     last_steps: tuple[int | None, int | None]  # the last step each node ended
     seconds: float  # SIGTERM to both nodes' trainers gone
-
-
-def committed_step(keys: Iterable[str], prefix: str) -> int | None:
-    """The newest checkpoint under ``prefix`` with a jitckpt commit record, or None."""
-    from shim import layout
-    from sidecar.summary import RECORD_NAME
-
-    start = prefix.rstrip("/") + "/"
-    steps = []
-    for key in keys:
-        if not key.startswith(start):
-            continue
-        found = rhai.CHECKPOINT.match(key[len(start) :])
-        if found is not None and found[2] == f"{layout.MANIFEST_DIR}/{RECORD_NAME}":
-            steps.append(int(found[1]))
-    return max(steps) if steps else None
-
-
-def _keys(s3_env: dict[str, str], bucket: str, prefix: str) -> list[str]:
-    from bench.sigterm_to_durable import _s3_client
-
-    client = _s3_client(s3_env)
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
-    return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 
 def _stop_node_1(
@@ -130,7 +105,7 @@ def one_of_two_rhai(
             env = _trainer_env(rhai.trainer_env(s3_env))
             trainers.append(stack.enter_context(Background(command, env=env, log=here / "log")))
         codes, killed, seconds = _stop_node_1(trainers, timelines, grace)
-    step = rhai.complete_step(_keys(s3_env, rhai.BUCKET, rhai.RHAI_PREFIX))
+    step = rhai.complete_step(rhai.store_keys(s3_env, rhai.BUCKET, rhai.RHAI_PREFIX))
     return OneOfTwo(step, (codes[0], codes[1]), (killed[0], killed[1]), _last_steps(timelines),
                     seconds)  # fmt: skip
 
@@ -160,10 +135,10 @@ def one_of_two_jitckpt(
             trainers.append(stack.enter_context(Background(command, env=env, log=here / "log")))
         codes, killed, seconds = _stop_node_1(trainers, timelines, grace)
         deadline = time.monotonic() + COMMIT_WAIT_SECONDS
-        step = committed_step(_keys(s3_env, BUCKET, PREFIX), PREFIX)
+        step = rhai.committed_step(rhai.store_keys(s3_env, BUCKET, PREFIX), PREFIX)
         while step is None and time.monotonic() < deadline:
             time.sleep(0.1)
-            step = committed_step(_keys(s3_env, BUCKET, PREFIX), PREFIX)
+            step = rhai.committed_step(rhai.store_keys(s3_env, BUCKET, PREFIX), PREFIX)
     return OneOfTwo(step, (codes[0], codes[1]), (killed[0], killed[1]), _last_steps(timelines),
                     seconds)  # fmt: skip
 

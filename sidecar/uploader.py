@@ -9,8 +9,8 @@ after a burst of saves the freshest state is safe soonest). While
 anything urgent is queued or uploading, the background lane waits before
 each part, and a file it sends in one request larger than a part is cut off
 and sent again after (``S3Store``), so a JIT upload gets the whole bandwidth
-within a part's time, for at most ``MAX_PAUSE`` seconds: after that periodic uploads go on beside a
-stuck urgent one. A failed upload goes back in the queue after a backoff (its
+within a part's time, for at most ``MAX_PAUSE`` seconds: after that periodic
+uploads go on beside a stuck urgent one. A failed upload goes back in the queue after a backoff (its
 files are held open, so the store coming back is all it waits for); one whose
 staged files changed since they were accepted is dropped after a few tries,
 with an error in the status. Checkpoints that a newer one made useless are

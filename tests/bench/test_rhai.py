@@ -177,7 +177,6 @@ def test_steady_speed_leaves_out_the_first_step(tmp_path: Path) -> None:
 
 
 def test_committed_step_is_what_jitckpts_resume_takes() -> None:
-    from bench.rhai_one_of_two import committed_step
     from shim import layout
     from sidecar.summary import RECORD_NAME
 
@@ -190,9 +189,9 @@ def test_committed_step_is_what_jitckpts_resume_takes() -> None:
         f"other/checkpoint-12/{record}",
         f"job/checkpoint-9/nested/{record}",  # not the checkpoint's own record
     ]
-    assert committed_step(keys, "job") == 4
-    assert committed_step(keys, "other/") == 12
-    assert committed_step(keys[1:4], "job") is None
+    assert rhai.committed_step(keys, "job") == 4
+    assert rhai.committed_step(keys, "other/") == 12
+    assert rhai.committed_step(keys[1:4], "job") is None
 
 
 def test_every_subject_once_a_repetition_none_always_first() -> None:
