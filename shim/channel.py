@@ -1,6 +1,6 @@
 """The shim's side of the sidecar socket, built so that it can never stall training.
 
-Requests that need an answer (``hello``, ``staged``, ``staging``, ``bye``) and the final
+Requests that need an answer (``hello``, ``staged``, ``staging``, ``status``, ``bye``) and the final
 ``progress`` report go over one connection guarded by a lock; the periodic
 ``progress`` reports go through a one-slot mailbox that a daemon thread drains
 (a slow sidecar makes them drop, never the training loop wait); ``sigterm`` is
@@ -25,6 +25,8 @@ from .log import say_once
 PROGRESS_INTERVAL = 1.0
 # Seconds to wait for the sidecar to take ownership of staged files.
 STAGED_TIMEOUT = 60.0
+# Seconds to wait for the status document (asked before local copies are removed).
+STATUS_SECONDS = 2.0
 
 _T = TypeVar("_T")
 
@@ -193,6 +195,16 @@ class SidecarLink:
         them go over this same connection: the sidecar ties them to it."""
         answer = self.call(request, timeout=STAGED_TIMEOUT)
         return answer.id if isinstance(answer, protocol.StagedAnswer) else None
+
+    def committed_step(self) -> Optional[int]:
+        """The step of the sidecar's newest committed checkpoint, or None (none yet, or the
+        sidecar cannot be asked)."""
+        answer = self.call(protocol.Status(), timeout=STATUS_SECONDS)
+        if not isinstance(answer, protocol.StatusAnswer):
+            return None
+        last = answer.status.get("last_committed")
+        step = last.get("step") if isinstance(last, dict) else None
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
 
     def reset(self) -> None:
         """Close the request connection (the next request opens a fresh one): the sidecar

@@ -38,6 +38,7 @@ from .channel import SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE, demo_log_path
+from .localcopies import LocalCopies
 from .log import failed, say, say_once
 from .protocol import KIND_JIT
 from .session import ProcessSession
@@ -152,6 +153,8 @@ class TrainingRun:
         # Collective, run by every rank at each look while the demo holds: a periodic checkpoint
         # being written behind the loop is staged once written, as the next step end would.
         self.while_held: Optional[Callable[[], None]] = None
+        # The local checkpoints the store has, freed as the next save begins (``localcopies``).
+        self.local_copies = LocalCopies(config.checkpoints_dir)
 
     # -- start ----------------------------------------------------------------
     def start(
@@ -201,6 +204,9 @@ class TrainingRun:
             say_once("resume-missing", "not every rank has %s: starting without it" % path)
             return None
         say("resuming from %s" % path)
+        restored = self.process.restored
+        if restored is not None and restored.step == step:
+            self.local_copies.handed(path, step)  # the store has it: it was restored from there
         self.process.link.final_progress(step, 0, 0.0, resumed=step)
         return step
 
@@ -336,19 +342,28 @@ class TrainingRun:
             self._copies = None
             plan = copies.plan(directory, every_node[1])  # collective: the nodes' files compared
         if dist.ranks()["local_rank"] == 0:
-            stream, streamed = self._stream, None
+            stream, staged_id = self._stream, None
             if stream is not None and (stream.step, stream.kind) == (step, kind):
                 self._stream = None
-                streamed = stream.finish(local, shim_loads=True, plan=plan)
-                if streamed is not None:
+                staged_id = stream.finish(local, shim_loads=True, plan=plan)
+                if staged_id is not None:
                     say("%s checkpoint-%d handed to the sidecar" % (kind, step))
-            if streamed is None:
+            if staged_id is None:
                 link, root = self.process.link, self.config.staging_dir
-                hand_over(
+                staged_id = hand_over(
                     link, directory, root, step, kind, local=local, shim_loads=True, plan=plan
                 )
+            if staged_id is not None:
+                self.local_copies.handed(directory, step)
+                if kind != KIND_JIT:
+                    self.free_local(step)  # the older ones the store has by now
         if kind == KIND_JIT:
             dist.barrier()
+
+    def free_local(self, before: int, keep: Sequence[Optional[str]] = ()) -> None:
+        """Remove the local copies of checkpoints older than ``before`` that the sidecar
+        committed, but for ``keep`` (``localcopies``; local rank 0, never raises)."""
+        self.local_copies.free(before, self.process.link.committed_step, keep)
 
     def final_progress(self, step: int, max_steps: int, epoch: float) -> None:
         """Tell the sidecar the step training ended at (the periodic reports may lag)."""

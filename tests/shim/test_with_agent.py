@@ -46,7 +46,7 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
 ) -> None:
     common = [*TRAIN_TINY, "--output-dir", str(tmp_path / "out"), "--max-steps", "20"]
     run = spawn(
-        [PYTHON, *common, "--save-steps", "2", "--save-total-limit", "1", "--step-sleep", "0.3"],
+        [PYTHON, *common, "--save-steps", "2", "--save-total-limit", "3", "--step-sleep", "0.3"],
         shim_env.env,
     )
     run.wait_for("rank 0 step 7/", timeout=90)
@@ -56,8 +56,12 @@ def test_periodic_and_jit_checkpoints_uploaded_despite_rotation_then_restored(
     jit_step = int(output.split("stopping at step ")[1].split(" ")[0])
     assert f"jit checkpoint-{jit_step} handed to the sidecar" in output
     assert "periodic checkpoint-2 handed to the sidecar" in output
-    # save_total_limit=1 deleted the older directories locally...
-    assert sorted(p.name for p in shim_env.checkpoints.iterdir()) == [f"checkpoint-{jit_step}"]
+    # HF's rotation keeps 3, yet the local copies the sidecar had committed were removed as
+    # each next save began (``shim/localcopies.py``): the JIT checkpoint, and at most the
+    # periodic one before it (still uploading when the JIT save began), is all that stays...
+    kept = checkpoint_steps(shim_env.checkpoints)
+    assert kept[-1] == jit_step and set(kept[:-1]) <= {6}, kept
+    assert "removed the local copy of checkpoint-2 (the store has it)" in output
     agent.wait_for(lambda: agent.committed_step() == jit_step, 60, "the JIT commit")
     # The JIT checkpoint was streamed: its upload began with its first file, before the
     # save ended and the checkpoint was complete (the periodic ones were handed over whole).

@@ -171,16 +171,25 @@ class TrainerSession:
         if self.run.jit_step == step:
             if saves is not None:
                 saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
+            self._free_local(step)
             if hfcopies.spread(self.trainer):  # every node writes it, each uploads a part
                 save = hfcopies.each_node(self.trainer, save)
                 every_node = hfcopies.COPIES
                 return self.run.save_jit(self.checkpoint_dir(step), step, save, every_node)
             return self.run.save_jit(self.checkpoint_dir(step), step, save)
         if saves is None:
+            self._free_local(step)
             return save()
         self.stage_written(block=True)  # one save in flight: wait for it, hand it over
+        self._free_local(step)
         stable = hfsaves.optimizer_storages(self.trainer)
         return saves.save(self.checkpoint_dir(step), step, save, stable)
+
+    def _free_local(self, step: int) -> None:
+        """The save of ``step`` begins: the older local copies the store has go (``localcopies``),
+        but for the best model's checkpoint, which HF reads back at the end."""
+        best = getattr(self.trainer.state, "best_model_checkpoint", None)
+        self.run.free_local(step, keep=(best if isinstance(best, str) else None,))
 
     def stage_written(self, block: bool) -> None:
         """Collective: stage the periodic checkpoint written in the background, once every
