@@ -81,6 +81,8 @@ SIGTERM_AFTER_STEP = 3
 # (the jitckpt node's default, bench/jitckpt_node.py).
 GRACE_SECONDS = 300.0
 EXACT_MAX_STEPS = 10
+# The persistent loader workers of the exact case that augments its data at random.
+WORKERS = 2
 MB = 1_000_000
 CHECKPOINT = re.compile(r"(?:^|/)checkpoint-(\d+)/(.+)$")
 
@@ -417,14 +419,15 @@ class Reference:
     seconds: float
 
 
-def uninterrupted(work: Path, shape: ModelShape, max_steps: int = EXACT_MAX_STEPS) -> Reference:
+def uninterrupted(
+    work: Path, shape: ModelShape, max_steps: int = EXACT_MAX_STEPS, workers: int = 0
+) -> Reference:
     """The reference: the same run to its end with no preemption and no checkpointing
     product, its last step saved by HF."""
     output = work / "reference"
     work.mkdir(parents=True, exist_ok=True)
-    argv = workload_argv(
-        shape, output, work / "reference.jsonl", max_steps=max_steps, save_steps=max_steps
-    )
+    argv = workload_argv(shape, output, work / "reference.jsonl", max_steps=max_steps,
+                         save_steps=max_steps, workers=workers)  # fmt: skip
     started = time.monotonic()
     with Background(argv, env=dict(os.environ), log=work / "reference.log") as trainer:
         assert trainer.process is not None
@@ -459,6 +462,7 @@ def exact_rhai(
     reference: Path,
     *,
     max_steps: int = EXACT_MAX_STEPS,
+    workers: int = 0,
 ) -> Resumed:
     """The peer: preempted after step 3, a new pod (empty local volume) resumes it from the
     store and trains to the end; its last save is uploaded too, and read back from there."""
@@ -474,9 +478,8 @@ def exact_rhai(
         output = here / "output"
         timeline_path = here / "timeline.jsonl"
         timelines.append(timeline_path)
-        argv = workload_argv(
-            shape, output, timeline_path, max_steps=max_steps, save_steps=max_steps
-        )[3:]
+        argv = workload_argv(shape, output, timeline_path, max_steps=max_steps,
+                             save_steps=max_steps, workers=workers)[3:]  # fmt: skip
         path = here / "train.py"
         periodic = Periodic("steps", max_steps)
         path.write_text(script(checkout, argv, output, f"s3://{BUCKET}/{RHAI_PREFIX}", periodic))
@@ -518,6 +521,7 @@ def exact_jitckpt(
     reference: Path,
     *,
     max_steps: int = EXACT_MAX_STEPS,
+    workers: int = 0,
 ) -> Resumed:
     """jitckpt: the same stop and resume, each attempt a node of its own (a new agent and an
     empty local volume; the second restores from the store)."""
@@ -534,9 +538,8 @@ def exact_jitckpt(
         timelines.append(timeline_path)
         started.append(time.monotonic())
         with JitckptNode(here / "node", f"s3://{JITCKPT_BUCKET}/bench/exact", s3_env) as node:
-            argv = workload_argv(
-                shape, here / "output", timeline_path, max_steps=max_steps, save_steps=max_steps
-            )
+            argv = workload_argv(shape, here / "output", timeline_path, max_steps=max_steps,
+                                 save_steps=max_steps, workers=workers)  # fmt: skip
             with Background(argv, env=node.trainer_env(), log=here / "trainer.log") as trainer:
                 assert trainer.process is not None
                 if attempt == 1:
@@ -555,6 +558,71 @@ def exact_jitckpt(
 
 
 FLOOR = "HF's own save at the next step + s5cmd cp of it alone (floor)"
+FLOOR_PREFIX = "floor"
+
+
+def exact_floor(
+    work: Path,
+    shape: ModelShape,
+    s3_env: dict[str, str],
+    reference: Path,
+    *,
+    max_steps: int = EXACT_MAX_STEPS,
+    workers: int = 0,
+) -> Resumed:
+    """The floor of a stop and resume: the same bytes saved once and moved once each way.
+    The first pod saves through HF at the step after SIGTERM and exits, then `s5cmd cp`
+    uploads that checkpoint alone; the second downloads it with `s5cmd cp` into its empty
+    output directory, then HF resumes from it to the end. Nothing overlaps, nothing is
+    checked: what no product can do without."""
+    from bench import peer_store
+
+    env = dict(os.environ, **s3_env)
+    root = f"s3://{BUCKET}/{FLOOR_PREFIX}"
+    codes: list[int | None] = []
+    timelines = []
+    started: list[float] = []
+    walls: list[float] = []
+    saved: int | None = None
+    for attempt in (1, 2):
+        here = work / f"attempt-{attempt}"
+        here.mkdir(parents=True)
+        output = here / "output"
+        timeline_path = here / "timeline.jsonl"
+        timelines.append(timeline_path)
+        argv = workload_argv(
+            shape,
+            output,
+            timeline_path,
+            max_steps=max_steps,
+            save_steps=max_steps,
+            on_sigterm="sync-save",
+            workers=workers,
+        )
+        started.append(time.monotonic())
+        if attempt == 2:
+            if saved is None:
+                raise RuntimeError("the floor's first pod saved no checkpoint")
+            peer_store.download(root, saved, output, env)
+            argv.append("--resume")
+        with Background(argv, env=dict(os.environ), log=here / "trainer.log") as trainer:
+            assert trainer.process is not None
+            if attempt == 1:
+                wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+                codes.append(_preempt(trainer, GRACE_SECONDS)[1])
+            else:
+                codes.append(trainer.process.wait(timeout=600))
+        if attempt == 1:
+            steps = sorted(output.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+            if steps:
+                saved = int(steps[-1].name.split("-")[1])
+                peer_store.upload(steps[-1], root, env)
+        walls.append(time.monotonic() - started[-1])
+    final = _final_weights(work / "attempt-2", max_steps)
+    return Resumed(
+        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
+        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
+    )  # fmt: skip
 
 
 def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> Case:
@@ -615,35 +683,45 @@ def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout:
     )
 
 
-def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> list[Case]:
+def exact_cases(
+    label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path, *, workers: int = 0
+) -> list[Case]:
     """A run stopped after step 3 and resumed by a new pod, each subject ``reps`` times,
     alternating: whether it ends bitwise equal to the run uninterrupted, what the
     preemption cost (both attempts' walls beyond the uninterrupted run's) and the new
-    pod's start to its first step."""
+    pod's start to its first step. Without ``workers``, beside the floor of that cost
+    (`exact_floor`); with them, the data loaded by that many persistent workers that
+    augment at random (bench/workload.py)."""
 
     shape = ModelShape.for_state(label, state_bytes)
     s3_env = s3.credentials_env()
-    runs: dict[str, list[Resumed]] = {s: [] for s in SUBJECTS}
+    who = SUBJECTS if workers else (*SUBJECTS, FLOOR)
+    runs: dict[str, list[Resumed]] = {s: [] for s in who}
     walls: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-rhai-ref-") as tmp:
         for rep in range(reps):
-            reference = uninterrupted(Path(tmp) / f"rep-{rep}", shape)
+            reference = uninterrupted(Path(tmp) / f"rep-{rep}", shape, workers=workers)
             walls.append(reference.seconds)
-            for subject in SUBJECTS[rep % 2 :] + SUBJECTS[: rep % 2]:
+            for subject in who[rep % len(who) :] + who[: rep % len(who)]:
                 fresh_buckets(s3)
                 with tempfile.TemporaryDirectory(prefix="bench-rhai-exact-") as run_tmp:
+                    work, weights = Path(run_tmp), reference.weights
                     if subject == JITCKPT:
-                        resumed = exact_jitckpt(Path(run_tmp), shape, s3_env, reference.weights)
+                        resumed = exact_jitckpt(work, shape, s3_env, weights, workers=workers)
+                    elif subject == FLOOR:
+                        resumed = exact_floor(work, shape, s3_env, weights)
                     else:
                         resumed = exact_rhai(
-                            checkout, Path(run_tmp), shape, s3_env, reference.weights
+                            checkout, work, shape, s3_env, weights, workers=workers
                         )
                 runs[subject].append(resumed)
-                print(f"[bench] rhai exact rep {rep} {subject}: {resumed}",
+                print(f"[bench] rhai exact rep {rep} {subject} workers {workers}: {resumed}",
                       file=sys.stderr, flush=True)  # fmt: skip
-    exact = {s: sum(r.difference == 0.0 for r in runs[s]) for s in SUBJECTS}
+    exact = {s: sum(r.difference == 0.0 for r in runs[s]) for s in who}
+    loading = (f", {workers} persistent loader workers augmenting at random" if workers
+               else "")  # fmt: skip
     case = (f"{label} state, stopped after step {SIGTERM_AFTER_STEP} of {EXACT_MAX_STEPS} and "
-            "resumed by a new pod, 1 node")  # fmt: skip
+            f"resumed by a new pod, 1 node{loading}")  # fmt: skip
 
     def params(subject: str) -> dict[str, Any]:
         return {
@@ -659,20 +737,22 @@ def exact_cases(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: 
 
     return [
         Case(NAME, case, "largest weight difference from the uninterrupted run", "abs", True,
-             [Series(s, [r.difference for r in runs[s]], params(s)) for s in SUBJECTS],
+             [Series(s, [r.difference for r in runs[s]], params(s)) for s in who],
              note="rhai: final model.safetensors against the same run uninterrupted (HF's "
              "save of its last step), 0 = bitwise equal; bitwise equal: "
-             + ", ".join(f"{s} {exact[s]} of {len(runs[s])}" for s in SUBJECTS)),
+             + ", ".join(f"{s} {exact[s]} of {len(runs[s])}" for s in who)),
         Case(NAME, case, "time lost to the preemption (both pods' walls - the uninterrupted "
              "run's)", "s", True,
              [Series(s, [r.lost_seconds(w) for r, w in zip(runs[s], walls, strict=True)])
-              for s in SUBJECTS],
+              for s in who],
              note="rhai: each pod from its start (jitckpt: its agent's; the peer: its script's) "
              "to gone (jitckpt: its agent exited, its uploads done; the peer: its script "
              "exited, its own uploads done); the uninterrupted run: the script alone, start to "
-             "exit, in the same repetition"),
+             "exit, in the same repetition; floor: HF's save at the step after SIGTERM, then "
+             "s5cmd cp up, then s5cmd cp down into the new pod, then HF's resume, nothing "
+             "overlapped"),
         Case(NAME, case, "new pod's start to its first step after the restore", "s", True,
-             [Series(s, first_steps(s)) for s in SUBJECTS],
+             [Series(s, first_steps(s)) for s in who],
              note="rhai: jitckpt from its agent's start (its restore, then the trainer); the "
              "peer from its script's start (its on_init_end downloads the newest complete "
              "checkpoint, then HF's resume_from_checkpoint)"),
@@ -694,9 +774,11 @@ def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
     sizes = [("50 MB", 50 * MB)] + ([] if options.quick else [("500 MB", 500 * MB)])
     with LocalS3() as s3:
         exact = exact_cases("50 MB", 50 * MB, reps, s3, checkout)
+        exact += exact_cases("50 MB", 50 * MB, reps, s3, checkout, workers=WORKERS)
         durable = [durable_case(label, size, reps, s3, checkout) for label, size in sizes]
         steady = [c for label, size in sizes for c in steady_cases(label, size, reps, s3, checkout)]
         two = one_of_two_cases("50 MB", 50 * MB, reps, s3, checkout)
+        two += one_of_two_cases("50 MB", 50 * MB, reps, s3, checkout, preempted=(0, 1))
         breaks = break_cases("50 MB", 50 * MB, reps, s3, checkout)
         return [*exact, *durable, *steady, *two, *breaks]
 

@@ -39,8 +39,10 @@ def workload_argv(
     save_steps: int = 0,
     save_total_limit: int | None = None,
     on_sigterm: str = "none",
+    workers: int = 0,
 ) -> list[str]:
     limit = [] if save_total_limit is None else ["--save-total-limit", str(save_total_limit)]
+    loading = ["--workers", str(workers)] if workers else []
     return [
         sys.executable,
         "-m",
@@ -64,6 +66,7 @@ def workload_argv(
         "--timeline",
         str(timeline_path),
         *limit,
+        *loading,
     ]
 
 

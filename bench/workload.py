@@ -18,6 +18,11 @@ a restart resumed from the checkpoint downloaded into the output directory.
     python -m bench.workload --output-dir DIR --hidden-size 256 --layers 3 \
         --max-steps 100000 --on-sigterm sync-save --timeline t.jsonl
 
+`--workers N` loads the data in N persistent worker processes, each of which
+augments its samples at random (a share of the tokens replaced by tokens drawn
+from torch's generator, seeded per worker as the DataLoader seeds it): the
+data pipeline whose random state a resume must put back to be exact.
+
 `BENCH_DEVICE=cuda` in the environment trains on the GPU (every benchmark that
 runs this script passes its environment on); the default is the CPU.
 """
@@ -55,6 +60,30 @@ def shape_for_state_bytes(target_bytes: int, vocab_size: int, positions: int) ->
             if error < best_error:
                 best, best_error = (hidden_size, layers), error
     return best
+
+
+# The share of a sample's tokens that `--workers`' augmentation replaces.
+AUGMENT_SHARE = 0.1
+
+
+class Augmented:
+    """Samples with a random share of their tokens replaced, drawn where the sample is
+    loaded (in a DataLoader worker, from the generator the DataLoader seeded for it)."""
+
+    def __init__(self, tokens: Any, vocab_size: int) -> None:
+        self.tokens = tokens
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        row = self.tokens[index].clone()
+        replaced = torch.rand(row.shape) < AUGMENT_SHARE
+        row[replaced] = torch.randint(0, self.vocab_size, (int(replaced.sum()),))
+        return {"input_ids": row, "labels": row}
 
 
 class Timeline:
@@ -153,6 +182,9 @@ def main() -> int:
     arguments.add_argument(
         "--resume", action="store_true", help="resume_from_checkpoint=True when one is there"
     )
+    arguments.add_argument(
+        "--workers", type=int, default=0, help="persistent loader workers that augment at random"
+    )
     args = arguments.parse_args()
     device = os.environ.get(ENV_DEVICE, "cpu")
     if device not in DEVICES:
@@ -175,7 +207,9 @@ def main() -> int:
     model = GPT2LMHeadModel(config)
     samples = args.max_steps * args.batch_size if args.max_steps < 10000 else 4096
     tokens = torch.randint(0, args.vocab_size, (samples, args.seq_len))
-    dataset = [{"input_ids": row, "labels": row} for row in tokens]
+    dataset: Any = [{"input_ids": row, "labels": row} for row in tokens]
+    if args.workers:
+        dataset = Augmented(tokens, args.vocab_size)
     training = TrainingArguments(
         output_dir=str(args.output_dir),
         max_steps=args.max_steps,
@@ -187,7 +221,8 @@ def main() -> int:
         report_to="none",
         use_cpu=device == "cpu",
         disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=args.workers,
+        dataloader_persistent_workers=args.workers > 0,
         enable_jit_checkpoint=args.on_sigterm == "hf-jit",
         seed=0,
     )

@@ -200,3 +200,29 @@ def test_every_subject_once_a_repetition_none_always_first() -> None:
     assert [s for rep, s in runs if rep == 1] == ["b", "c", "a"]
     assert [s for rep, s in runs if rep == 3] == ["a", "b", "c"]
     assert len(runs) == 12
+
+
+def test_the_workers_augmentation_draws_from_the_generator_it_is_given() -> None:
+    """The exact case with persistent workers: each sample is changed at random where it is
+    loaded, from torch's generator (the one a DataLoader seeds in each worker), so a resume
+    is exact only where that generator's state is put back."""
+    import torch
+
+    from bench.training_run import ModelShape, workload_argv
+    from bench.workload import AUGMENT_SHARE, Augmented
+
+    tokens = torch.randint(0, 8192, (4, 512))
+    dataset = Augmented(tokens, 8192)
+    torch.manual_seed(1)
+    first = dataset[2]["input_ids"]
+    torch.manual_seed(1)
+    again = dataset[2]["input_ids"]
+    other = dataset[2]["input_ids"]
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    changed = float((first != tokens[2]).float().mean())
+    assert 0.3 * AUGMENT_SHARE < changed <= 1.5 * AUGMENT_SHARE
+    assert torch.equal(tokens[2], Augmented(tokens, 8192).tokens[2])  # the source is untouched
+    shape = ModelShape.for_state("50 MB", 50_000_000)
+    argv = workload_argv(shape, Path("out"), Path("t.jsonl"), workers=2)
+    assert argv[argv.index("--workers") + 1] == "2"
+    assert "--workers" not in workload_argv(shape, Path("out"), Path("t.jsonl"))
