@@ -454,6 +454,33 @@ class Resumed:
         return sum(self.attempt_seconds) - uninterrupted_seconds
 
 
+def _stop_or_finish(trainer: Background, timeline_path: Path, attempt: int) -> int | None:
+    """The first attempt's exit code once SIGTERMed after `SIGTERM_AFTER_STEP` (SIGKILLed at
+    the grace period's end); the second's once it trained to its end."""
+    assert trainer.process is not None
+    if attempt == 1:
+        wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
+        return _preempt(trainer, GRACE_SECONDS)[1]
+    return trainer.process.wait(timeout=600)
+
+
+def _resumed(
+    timelines: list[Path],
+    final: Path,
+    reference: Path,
+    *,
+    codes: list[int | None],
+    walls: list[float],
+    started: list[float],
+) -> Resumed:
+    """Both attempts of one stop and resume, read: where the second began, how far its final
+    weights are from the uninterrupted run's, the exits, the walls, its first step."""
+    return Resumed(
+        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
+        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
+    )  # fmt: skip
+
+
 def exact_rhai(
     checkout: Path,
     work: Path,
@@ -486,22 +513,14 @@ def exact_rhai(
         command = [sys.executable, str(path)]
         started.append(time.monotonic())
         with Background(command, env=trainer_env(s3_env), log=here / "trainer.log") as trainer:
-            assert trainer.process is not None
-            if attempt == 1:
-                wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
-                codes.append(_preempt(trainer, GRACE_SECONDS)[1])
-            else:
-                codes.append(trainer.process.wait(timeout=600))
+            codes.append(_stop_or_finish(trainer, timeline_path, attempt))
         walls.append(time.monotonic() - started[-1])  # its pod is gone once its script exited
     client = _s3_client(s3_env)
     final = work / "final.safetensors"
     client.download_file(
         BUCKET, f"{RHAI_PREFIX}/checkpoint-{max_steps}/model.safetensors", str(final)
     )
-    return Resumed(
-        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
-        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
-    )  # fmt: skip
+    return _resumed(timelines, final, reference, codes=codes, walls=walls, started=started)
 
 
 def _wait_committed(s3_env: dict[str, str], bucket: str, prefix: str, timeout: float = 300) -> None:
@@ -541,20 +560,12 @@ def exact_jitckpt(
             argv = workload_argv(shape, here / "output", timeline_path, max_steps=max_steps,
                                  save_steps=max_steps, workers=workers)  # fmt: skip
             with Background(argv, env=node.trainer_env(), log=here / "trainer.log") as trainer:
-                assert trainer.process is not None
-                if attempt == 1:
-                    wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
-                    codes.append(_preempt(trainer, GRACE_SECONDS)[1])
-                else:
-                    codes.append(trainer.process.wait(timeout=600))
+                codes.append(_stop_or_finish(trainer, timeline_path, attempt))
             _wait_committed(s3_env, JITCKPT_BUCKET, "bench/exact")
         # the pod is gone once its agent is: it exits when its uploads are done
         walls.append(time.monotonic() - started[-1])
     final = _final_weights(work / "attempt-2", max_steps)
-    return Resumed(
-        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
-        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
-    )  # fmt: skip
+    return _resumed(timelines, final, reference, codes=codes, walls=walls, started=started)
 
 
 FLOOR = "HF's own save at the next step + s5cmd cp of it alone (floor)"
@@ -606,12 +617,7 @@ def exact_floor(
             peer_store.download(root, saved, output, env)
             argv.append("--resume")
         with Background(argv, env=dict(os.environ), log=here / "trainer.log") as trainer:
-            assert trainer.process is not None
-            if attempt == 1:
-                wait_for_step(trainer, timeline_path, SIGTERM_AFTER_STEP)
-                codes.append(_preempt(trainer, GRACE_SECONDS)[1])
-            else:
-                codes.append(trainer.process.wait(timeout=600))
+            codes.append(_stop_or_finish(trainer, timeline_path, attempt))
         if attempt == 1:
             steps = sorted(output.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
             if steps:
@@ -619,10 +625,7 @@ def exact_floor(
                 peer_store.upload(steps[-1], root, env)
         walls.append(time.monotonic() - started[-1])
     final = _final_weights(work / "attempt-2", max_steps)
-    return Resumed(
-        _first_step(timelines[1]), weight_difference(final, reference), (codes[0], codes[1]),
-        (walls[0], walls[1]), _first_step_after(timelines[1], started[1]),
-    )  # fmt: skip
+    return _resumed(timelines, final, reference, codes=codes, walls=walls, started=started)
 
 
 def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path) -> Case:
