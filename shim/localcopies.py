@@ -10,9 +10,10 @@ committed). Keeping several such copies only takes the volume's room; with
 a checkpoint of hundreds of GB it is what gets the pod evicted, or a JIT save
 refused for want of space.
 
-So a copy handed to the sidecar (or restored from the store) is removed once
-the sidecar says it committed that step or a newer one: as the next save
-begins, and as a newer one is handed over. Between saves the newest copy
+So a copy handed to the sidecar (or restored from the store) is removed as
+the next periodic save begins, once the sidecar says it committed that step
+or a newer one (one status request a periodic save; none before a JIT save,
+whose grace period has no time for it). Between saves the newest copy
 stays (a trainer restarted in the same pod resumes from it without a
 download), and while a save is written the volume holds that save, plus what
 is still being uploaded. A directory never handed over (no sidecar, a staging
@@ -64,7 +65,7 @@ class LocalCopies:
         """Remove the copies older than step ``before`` that the store has committed (the
         sidecar's newest commit, from ``committed``, is that step or a newer one).
 
-        Called as a save of ``before`` begins and once one was handed over. On local rank 0
+        Called as a periodic save of ``before`` begins. On local rank 0
         only (the volume is the node's); never raises: what cannot be removed stays for the
         framework's rotation, as does everything while the sidecar cannot say what it
         committed.

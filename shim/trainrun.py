@@ -355,8 +355,6 @@ class TrainingRun:
                 )
             if staged_id is not None:
                 self.local_copies.handed(directory, step)
-                if kind != KIND_JIT:
-                    self.free_local(step)  # the older ones the store has by now
         if kind == KIND_JIT:
             dist.barrier()
 

@@ -171,7 +171,6 @@ class TrainerSession:
         if self.run.jit_step == step:
             if saves is not None:
                 saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
-            self._free_local(step)
             if hfcopies.spread(self.trainer):  # every node writes it, each uploads a part
                 save = hfcopies.each_node(self.trainer, save)
                 every_node = hfcopies.COPIES
@@ -186,8 +185,9 @@ class TrainerSession:
         return saves.save(self.checkpoint_dir(step), step, save, stable)
 
     def _free_local(self, step: int) -> None:
-        """The save of ``step`` begins: the older local copies the store has go (``localcopies``),
-        but for the best model's checkpoint, which HF reads back at the end."""
+        """A periodic save of ``step`` begins: the older local copies the store has go
+        (``localcopies``), but for the best model's checkpoint, which HF reads back at the
+        end. Never before a JIT save: asking the sidecar costs the grace period time."""
         best = getattr(self.trainer.state, "best_model_checkpoint", None)
         self.run.free_local(step, keep=(best if isinstance(best, str) else None,))
 

@@ -433,7 +433,8 @@ class FitSession:
                 saves.supersede(self._stage_periodic)  # the JIT checkpoint is newer
             else:
                 self.stage_written(block=True)  # one save in flight: wait, hand it over
-            self.run.free_local(step)  # the older copies the store has (``localcopies``)
+            if kind == KIND_PERIODIC:  # never before a JIT save: asking costs grace time
+                self.run.free_local(step)  # the older copies the store has (``localcopies``)
             os.makedirs(directory, exist_ok=True)
             self._write_record(directory, point)
             dist.barrier()  # every rank file is written before the marker, the .ckpt, appears

@@ -182,7 +182,6 @@ class Saving:
         if self.periodic is not None:  # the one in flight is completed first
             self.periodic.settle(self._commit_periodic, block=True)
         step = loop.step
-        loop.run.free_local(step)  # the older copies the store has (``localcopies``)
         directory = loop.run.checkpoint_path(step)
         spread = self._write_rank_file(directory, objects, at)
         # Spread: each rank file is its rank's own (``nodelocal``); the shares are everyone's.
