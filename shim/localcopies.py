@@ -1,4 +1,4 @@
-"""The local copies of checkpoints the store has committed: freed as the next save begins.
+"""The local copies of checkpoints the store has committed: freed as the next periodic save begins.
 
 A framework's own rotation (HF's ``save_total_limit``, the Lightning
 integration's) keeps the newest few checkpoints on the pod's local volume, as
