@@ -25,9 +25,8 @@ from .log import say_once
 PROGRESS_INTERVAL = 1.0
 # Seconds to wait for the sidecar to take ownership of staged files.
 STAGED_TIMEOUT = 60.0
-# Seconds to wait for the answer to ``saving`` (asked as a periodic save begins, before
-# local copies are removed): the step waits for it, so it is short.
-SAVING_SECONDS = 2.0
+# Seconds to wait for the status document (asked before local copies are removed).
+STATUS_SECONDS = 2.0
 
 _T = TypeVar("_T")
 
@@ -197,11 +196,15 @@ class SidecarLink:
         answer = self.call(request, timeout=STAGED_TIMEOUT)
         return answer.id if isinstance(answer, protocol.StagedAnswer) else None
 
-    def saving(self, step: int) -> Optional[protocol.SavingAnswer]:
-        """Say that a periodic save of ``step`` begins; what the sidecar committed and
-        dropped for it, or None (the sidecar cannot be asked, or is older than ``saving``)."""
-        answer = self.call(protocol.Saving(step=step), timeout=SAVING_SECONDS)
-        return answer if isinstance(answer, protocol.SavingAnswer) else None
+    def committed_step(self) -> Optional[int]:
+        """The step of the sidecar's newest committed checkpoint, or None (none yet, or the
+        sidecar cannot be asked)."""
+        answer = self.call(protocol.Status(), timeout=STATUS_SECONDS)
+        if not isinstance(answer, protocol.StatusAnswer):
+            return None
+        last = answer.status.get("last_committed")
+        step = last.get("step") if isinstance(last, dict) else None
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
 
     def reset(self) -> None:
         """Close the request connection (the next request opens a fresh one): the sidecar

@@ -10,15 +10,13 @@ committed). Keeping several such copies only takes the volume's room; with
 a checkpoint of hundreds of GB it is what gets the pod evicted, or a JIT save
 refused for want of space.
 
-So as a periodic save begins, the shim says so to the sidecar (``saving``,
-one request a periodic save; none before a JIT save, whose grace period has
-no time for it), and a copy handed to the sidecar (or restored from the
-store) is removed once the sidecar answers that it committed that step or a
-newer one, or that it dropped that copy's upload for the save that begins
-(it was waiting behind the one uploading: ``sidecar/backlog.py``). Between
-saves the newest copy stays (a trainer restarted in the same pod resumes from
-it without a download), and while a save is written the volume holds that
-save, plus the one still being uploaded. A directory never handed over (no sidecar, a staging
+So a copy handed to the sidecar (or restored from the store) is removed as
+the next periodic save begins, once the sidecar says it committed that step
+or a newer one (one status request a periodic save; none before a JIT save,
+whose grace period has no time for it). Between saves the newest copy
+stays (a trainer restarted in the same pod resumes from it without a
+download), and while a save is written the volume holds that save, plus what
+is still being uploaded. A directory never handed over (no sidecar, a staging
 that failed), or one the sidecar has not committed (it is gone, or the store
 is down), may be the only copy there is: it stays to the framework's
 rotation, as a copy the framework still reads does (HF's best model
@@ -30,11 +28,10 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional
 
 from . import dist
 from .log import failed, say
-from .protocol import SavingAnswer
 
 # What a copy is renamed to before it is removed: no framework reads it as a checkpoint.
 FREED_PREFIX = ".freed-checkpoint-"
@@ -62,46 +59,35 @@ class LocalCopies:
     def free(
         self,
         before: int,
-        saving: Callable[[int], Optional[SavingAnswer]],
+        committed: Callable[[], Optional[int]],
         keep: Iterable[Optional[str]] = (),
     ) -> None:
-        """A periodic save of step ``before`` begins: say so (``saving``, asked only while
-        an older copy is held), then remove the older copies the store has committed (the
-        sidecar's newest commit is that step or a newer one) or no longer needs (the
-        sidecar dropped their upload for this save).
+        """Remove the copies older than step ``before`` that the store has committed (the
+        sidecar's newest commit, from ``committed``, is that step or a newer one).
 
-        On local rank 0 only (the volume is the node's); never raises: what cannot be
-        removed stays for the framework's rotation, as does everything while the sidecar
-        cannot answer.
+        Called as a periodic save of ``before`` begins. On local rank 0
+        only (the volume is the node's); never raises: what cannot be removed stays for the
+        framework's rotation, as does everything while the sidecar cannot say what it
+        committed.
         """
         try:
             if dist.ranks()["local_rank"] != 0:
                 return
             kept = {os.path.realpath(path) for path in keep if path}
-            older = [(p, s) for p, s in self._held.items() if s < before]
-            answer = saving(before) if older else None
-            if answer is None:
-                return
-            newest, dropped = answer.committed, set(answer.dropped)
-            self._free(
-                [
-                    (path, step, step in dropped)
-                    for path, step in older
-                    if path not in kept
-                    and (step in dropped or (newest is not None and step <= newest))
-                ]
-            )
+            older = [(p, s) for p, s in self._held.items() if s < before and p not in kept]
+            newest = committed() if older else None
+            if newest is not None:
+                self._free([path for path, step in older if step <= newest])
         except Exception as exc:
             failed("removing the local copies of older checkpoints", exc)
 
-    def _free(self, copies: List[Tuple[str, int, bool]]) -> None:
-        """Rename each copy (path, step, whether its upload was dropped) out of the
-        checkpoints' names at once (no resume can pick a half removed one), then remove it
-        behind the loop: removing a large file takes the file system a while, and a
-        periodic save must not stall the step."""
+    def _free(self, paths: List[str]) -> None:
+        """Rename each copy out of the checkpoints' names at once (no resume can pick a half
+        removed one), then remove it behind the loop: removing a large file takes the
+        file system a while, and a periodic save must not stall the step."""
         doomed = [os.path.join(self.root, name) for name in _leftovers(self.root)]
-        for path, step, dropped in copies:
-            del self._held[path]
+        for path in paths:
+            step = self._held.pop(path)
             if not os.path.isdir(path) or os.path.islink(path):
                 continue
             hidden = os.path.join(self.root, "%s%d-%d" % (FREED_PREFIX, step, os.getpid()))
@@ -110,13 +96,7 @@ class LocalCopies:
             except OSError:
                 continue  # gone already, or not ours to move: the framework's rotation decides
             doomed.append(hidden)
-            if dropped:
-                say(
-                    "removed the local copy of checkpoint-%d (the save that began supersedes "
-                    "it: the sidecar dropped its upload)" % step
-                )
-            else:
-                say("removed the local copy of checkpoint-%d (the store has it)" % step)
+            say("removed the local copy of checkpoint-%d (the store has it)" % step)
         if doomed:
             threading.Thread(target=_remove_all, args=(doomed,), daemon=True).start()
 

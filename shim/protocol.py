@@ -44,7 +44,6 @@ MAX_PID = (1 << 31) - 1
 MAX_TICKS = (1 << 63) - 1  # a process start time, in clock ticks after boot
 MAX_RANK = 1 << 24  # ranks and world sizes far beyond any cluster
 MAX_STEP = (1 << 53) - 1  # exactly representable by any JSON reader
-MAX_DROPPED = 64  # steps one ``saving`` answer names (at most one periodic checkpoint waits)
 MAX_EXIT_CODE = 255
 # Seconds one ``await_restore`` may hold its connection: the shim asks again after it, so a
 # sidecar that restarts or goes away is noticed, and no connection is held unbounded.
@@ -165,17 +164,6 @@ def _float(body: Mapping[str, Any], name: str, low: float, high: float) -> float
     if not low <= value <= high:
         raise ProtocolError("%s must be between %g and %g" % (name, low, high))
     return value
-
-
-def _steps(body: Mapping[str, Any], name: str) -> Tuple[int, ...]:
-    """An optional list of distinct steps (absent: empty), at most ``MAX_DROPPED``."""
-    value = body.get(name, [])
-    if not isinstance(value, list) or len(value) > MAX_DROPPED:
-        raise ProtocolError("%s must be a list of at most %d steps" % (name, MAX_DROPPED))
-    steps = tuple(_int({name: item}, name, 0, MAX_STEP) for item in value)
-    if len(set(steps)) != len(steps):
-        raise ProtocolError("%s names a step twice" % name)
-    return steps
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:
@@ -448,26 +436,6 @@ class Sigterm:
 
 
 @dataclass(frozen=True)
-class Saving:
-    """A periodic save of ``step`` begins on this node (sent by local rank 0, before it
-    writes anything): a periodic checkpoint of an older step still waiting for its upload
-    would be dropped as soon as this one is staged (``sidecar/backlog.py``), so the sidecar
-    drops it now, and the local volume never holds it beside the one being written and
-    the one uploading. Answered with what the node's local copies may go by
-    (``SavingAnswer``)."""
-
-    OP: ClassVar[str] = "saving"
-    step: int
-
-    def to_wire(self) -> Dict[str, Any]:
-        return _wire(self.OP, {"step": self.step})
-
-    @classmethod
-    def from_wire(cls, body: Mapping[str, Any]) -> Saving:
-        return cls(step=_int(body, "step", 0, MAX_STEP))
-
-
-@dataclass(frozen=True)
 class Progress:
     """Where training is (``max_steps`` 0: unknown); never answered.
 
@@ -597,7 +565,7 @@ class AwaitRestore:
 
 
 Request = Union[
-    Hello, Staged, Staging, Sigterm, Saving, Progress, Status, Bye, Unfollowed, Lease, AwaitRestore
+    Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Unfollowed, Lease, AwaitRestore
 ]
 
 
@@ -693,27 +661,6 @@ class StatusAnswer:
 
 
 @dataclass(frozen=True)
-class SavingAnswer:
-    """The answer to ``saving``. ``committed``: the newest checkpoint step this node has
-    committed (restored included), None when none; ``dropped``: the steps of the
-    periodic checkpoints the sidecar dropped for the save that begins. The local copy of
-    either is no longer needed for the store's sake."""
-
-    committed: Optional[int]
-    dropped: Tuple[int, ...] = ()
-
-    def to_wire(self) -> Dict[str, Any]:
-        return _ok({"committed": self.committed, "dropped": list(self.dropped)})
-
-    @classmethod
-    def from_wire(cls, body: Mapping[str, Any]) -> SavingAnswer:
-        return cls(
-            committed=_optional_int(body, "committed", 0, MAX_STEP),
-            dropped=_steps(body, "dropped"),
-        )
-
-
-@dataclass(frozen=True)
 class OkAnswer:
     """Done; nothing to say (``sigterm``, ``bye``)."""
 
@@ -745,8 +692,8 @@ class ErrorAnswer:
         return cls(error=_text(body, "error", MAX_ERROR))
 
 
-Answer = Union[HelloAnswer, StagedAnswer, StatusAnswer, SavingAnswer, OkAnswer, ErrorAnswer]
-SuccessAnswer = Union[HelloAnswer, StagedAnswer, StatusAnswer, SavingAnswer, OkAnswer]
+Answer = Union[HelloAnswer, StagedAnswer, StatusAnswer, OkAnswer, ErrorAnswer]
+SuccessAnswer = Union[HelloAnswer, StagedAnswer, StatusAnswer, OkAnswer]
 
 
 # -- the op table --------------------------------------------------------------
@@ -769,7 +716,6 @@ OPS: Dict[str, Op] = {
     Staged.OP: Op(Staged, StagedAnswer),
     Staging.OP: Op(Staging, StagedAnswer),
     Sigterm.OP: Op(Sigterm, OkAnswer),
-    Saving.OP: Op(Saving, SavingAnswer),
     Progress.OP: Op(Progress, None),
     Status.OP: Op(Status, StatusAnswer),
     Bye.OP: Op(Bye, OkAnswer),

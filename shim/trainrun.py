@@ -359,10 +359,9 @@ class TrainingRun:
             dist.barrier()
 
     def free_local(self, before: int, keep: Sequence[Optional[str]] = ()) -> None:
-        """A periodic save of ``before`` begins: remove the local copies of older checkpoints
-        that the sidecar committed or dropped for it, but for ``keep`` (``localcopies``;
-        local rank 0, never raises)."""
-        self.local_copies.free(before, self.process.link.saving, keep)
+        """Remove the local copies of checkpoints older than ``before`` that the sidecar
+        committed, but for ``keep`` (``localcopies``; local rank 0, never raises)."""
+        self.local_copies.free(before, self.process.link.committed_step, keep)
 
     def final_progress(self, step: int, max_steps: int, epoch: float) -> None:
         """Tell the sidecar the step training ended at (the periodic reports may lag)."""

@@ -645,7 +645,6 @@ class Agent:
         server.on(protocol.Staged, self.staged)
         server.on(protocol.Staging, self.staging)
         server.on(protocol.Sigterm, self.sigterm)
-        server.on(protocol.Saving, self.saving)
         server.on(protocol.Progress, self.progress)
         server.on(protocol.Status, self.status)
         server.on(protocol.Bye, self.bye)
@@ -869,15 +868,6 @@ class Agent:
             log.info("the trainer says it got SIGTERM at step %d", request.step)
         self.grace.trainer_said()
         return protocol.OkAnswer()
-
-    async def saving(self, peer: Peer, request: protocol.Saving) -> protocol.Answer:
-        """A periodic save begins: the periodic checkpoints waiting behind the upload go now
-        (``backlog``). Any connection may say it; the worst it can do is what a ``staged``
-        of a newer step does, drop the one waiting (never the one uploading)."""
-        dropped = await self.uploader.saving(request.step)
-        return protocol.SavingAnswer(
-            committed=self.uploader.newest_committed, dropped=tuple(dropped)
-        )
 
     async def progress(self, peer: Peer, request: protocol.Progress) -> None:
         """A step end: recorded before anything is awaited, so reports are recorded in the

@@ -5,19 +5,14 @@ checkpoint. So a periodic checkpoint still waiting behind a newer one would be
 uploaded only after that newer one, where it adds nothing a restore can use;
 keeping it costs the local volume a whole checkpoint (HF's rotation has
 usually deleted the trainer's copy, and the staged hard links are all that
-keeps the bytes). Three rules follow, and they are the whole policy:
+keeps the bytes). Two rules follow, and they are the whole policy:
 
 - when a checkpoint is accepted, every periodic checkpoint of an older step
   still queued (not uploading) is dropped, and so is the new one if it is
   periodic and older than one queued: at most one periodic checkpoint waits
-  behind the one uploading;
-- when a periodic save begins (the shim's ``saving``), the periodic checkpoints
-  of older steps still queued are dropped then, not once the new one is staged:
-  the first rule would drop them then anyway, and holding them while the new
-  one is written is a third checkpoint on the volume. So the local volume holds
-  two checkpoints of the node's share, the one being written and the one
-  uploading, which is the sizing rule (docs/platform/sizing.md). Should that
-  save fail, the one uploading is still committed;
+  behind the one uploading, which is what keeps the sizing rule (docs/platform/sizing.md)
+  (``save-total-limit + 1`` checkpoints of the node's share: the ones HF keeps,
+  the newest of which is the one queued, and the one uploading);
 - once a checkpoint of step N is committed, every staged checkpoint of an
   older step, queued or uploading, is dropped: nothing older can be the one a
   restore picks. At shutdown this is what lets the pod end right after the JIT
@@ -62,12 +57,6 @@ def superseded_on_accept(
     return [(j, why) for j in waiting if j.step < new.step]
 
 
-def superseded_by_save(step: int, queued: Iterable[StagedJob]) -> list[StagedJob]:
-    """The queued periodic checkpoints a periodic save of ``step``, now beginning, makes
-    useless (``queued``: the jobs waiting, not uploading)."""
-    return [j for j in queued if j.kind == protocol.KIND_PERIODIC and j.step < step]
-
-
 def at_or_below(step: int, committed: int | None) -> bool:
     """Whether a checkpoint of ``step`` would land on or behind the newest committed one:
     never uploaded (its objects would overwrite that commit's before its own manifest)."""
@@ -79,9 +68,7 @@ def superseded_by_commit(step: int, staged: Iterable[StagedJob]) -> list[StagedJ
     return [job for job in staged if is_checkpoint(job) and job.step < step]
 
 
-def reason(newer: int, committed: bool, saving: bool = False) -> str:
-    if saving:
-        return f"superseded by checkpoint-{newer}, whose save began, before its upload began"
+def reason(newer: int, committed: bool) -> str:
     if committed:
         return f"superseded by the committed checkpoint-{newer}"
     return f"superseded by checkpoint-{newer} before its upload began"

@@ -15,9 +15,8 @@ files are held open, so the store coming back is all it waits for); one whose
 staged files changed since they were accepted is dropped after a few tries,
 with an error in the status. Checkpoints that a newer one made useless are
 dropped too (``sidecar/backlog.py``: at most one periodic checkpoint waits
-behind the one uploading, and none once a newer periodic save begins
-(``saving``); a commit drops every older one, an upload in flight included),
-each said in the status. A JIT checkpoint streamed while it is
+behind the one uploading; a commit drops every older one, an upload in flight
+included), each said in the status. A JIT checkpoint streamed while it is
 written (``staging``) is queued at its first file and uploads each file as it
 arrives; one whose process went away before completing it is withdrawn
 (``withdraw``): its uploads are cancelled, multipart ones aborted, and nothing
@@ -119,20 +118,6 @@ class Uploader:
             self._changed.notify_all()
         for old, why in dropped:
             await self._supersede(old, why)
-
-    async def saving(self, step: int) -> list[int]:
-        """A periodic save of ``step`` begins: the older periodic checkpoints still waiting
-        are dropped (their staged links gone before this returns); their steps."""
-        async with self._changed:
-            queued = backlog.superseded_by_save(step, list(self._pending.values()))
-            for old in queued:
-                del self._pending[old.id]
-            self._update()
-            self._changed.notify_all()
-        why = backlog.reason(step, committed=False, saving=True)
-        for old in queued:
-            await self._supersede(old, why)
-        return [old.step for old in queued]
 
     async def _committed(self, step: int) -> None:
         """A checkpoint of ``step`` is committed: every older one staged is dropped, an

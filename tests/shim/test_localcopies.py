@@ -1,5 +1,4 @@
-"""The local copies of checkpoints the store has (or no longer needs), freed as the next
-periodic save begins."""
+"""The local copies of checkpoints the store has, freed as the next save begins."""
 
 from __future__ import annotations
 
@@ -13,19 +12,11 @@ import pytest
 
 from shim.checkpoints import newest_checkpoint
 from shim.localcopies import FREED_PREFIX, LocalCopies
-from shim.protocol import SavingAnswer
 from shim.staging import stage
 
-Saving = Callable[[int], "SavingAnswer | None"]
 
-
-def _committed(step: int | None) -> Saving:
-    """The sidecar's answer to ``saving``: ``step`` committed, nothing dropped."""
-    return lambda _before: SavingAnswer(committed=step)
-
-
-def _unreachable(_before: int) -> SavingAnswer | None:
-    return None
+def _committed(step: int | None) -> Callable[[], int | None]:
+    return lambda: step
 
 
 def _checkpoint(root: Path, step: int, payload: bytes = b"w" * 4096) -> Path:
@@ -54,9 +45,7 @@ def test_older_committed_copies_go_and_the_rest_stay(
         _checkpoint(checkpoints, step)
     for step in (5, 15, 20, 25):
         copies.handed(str(checkpoints / f"checkpoint-{step}"), step)
-    copies.free(25, _unreachable)  # the sidecar cannot be asked: all stay
-    assert len(_names(checkpoints)) == 5
-    copies.free(25, _committed(None))  # nothing committed yet: all stay
+    copies.free(25, _committed(None))  # the sidecar cannot say what it committed: all stay
     assert len(_names(checkpoints)) == 5
     copies.free(25, _committed(15))
     # checkpoint-10 was never handed over (no sidecar took it): the only copy, kept;
@@ -67,37 +56,13 @@ def test_older_committed_copies_go_and_the_rest_stay(
     assert _names(checkpoints) == ["checkpoint-10"]
 
 
-def test_a_copy_whose_upload_was_dropped_for_the_save_goes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Uploads behind saves: checkpoint-10 uploads, checkpoint-15 waits behind it. As the
-    save of 20 begins the sidecar drops 15 (its answer says so): its copy goes, 10's (not
-    committed yet) and the best model's stay."""
-    checkpoints = tmp_path / "checkpoints"
-    copies = LocalCopies(str(checkpoints))
-    for step in (5, 10, 15):
-        copies.handed(str(_checkpoint(checkpoints, step)), step)
-    asked: list[int] = []
-
-    def saving(before: int) -> SavingAnswer:
-        asked.append(before)
-        return SavingAnswer(committed=None, dropped=(15, 5))
-
-    copies.free(20, saving, keep=(str(checkpoints / "checkpoint-5"),))
-    assert asked == [20]
-    assert _names(checkpoints) == ["checkpoint-10", "checkpoint-5"]
-    err = capsys.readouterr().err
-    assert "removed the local copy of checkpoint-15 (the save that began supersedes it" in err
-    assert "checkpoint-10" not in err
-
-
 def test_nobody_is_asked_when_nothing_could_go(tmp_path: Path) -> None:
-    """``saving`` is sent only when an older handed copy is there."""
+    """The status call is made only when an older handed copy is there."""
     checkpoints = tmp_path / "checkpoints"
     copies = LocalCopies(str(checkpoints))
     copies.handed(str(_checkpoint(checkpoints, 5)), 5)
 
-    def never(_before: int) -> SavingAnswer | None:
+    def never() -> int | None:
         raise AssertionError("asked")
 
     copies.free(5, never)
@@ -167,7 +132,7 @@ def test_a_failure_is_said_never_raised(tmp_path: Path, capsys: pytest.CaptureFi
     copies = LocalCopies(str(checkpoints))
     copies.handed(str(_checkpoint(checkpoints, 5)), 5)
 
-    def broken(_before: int) -> SavingAnswer | None:
+    def broken() -> int | None:
         raise RuntimeError("no answer")
 
     copies.free(10, broken)

@@ -18,7 +18,6 @@ import pytest
 from local.s3server import LocalS3
 from shim import protocol
 from shim.channel import Client
-from shim.localcopies import LocalCopies
 from shim.staging import link_file, new_target
 from shim.staging import stage as shim_stage
 from tests.sidecar import shimtalk
@@ -41,8 +40,6 @@ class HFLikeTrainer:
         self.output = agent.local_dir / "checkpoints"
         self.client = Client(str(agent.socket))
         assert isinstance(self.client.call(shimtalk.hello(pid)), protocol.HelloAnswer)
-        self.copies = LocalCopies(str(self.output))
-        self.answers: list[protocol.SavingAnswer | None] = []
 
     def save(self, step: int, kind: str = protocol.KIND_PERIODIC, stream: bool = False) -> None:
         """``stream``: each file is handed over as soon as it is written (``staging``), as
@@ -64,14 +61,6 @@ class HFLikeTrainer:
         staged = shim_stage(str(directory), staging, step, kind, target_root=target, linked=linked)
         answer = self.client.call(staged)
         assert isinstance(answer, protocol.StagedAnswer), answer
-        self.copies.handed(str(directory), step)
-
-    def saving(self, step: int) -> protocol.SavingAnswer | None:
-        """What the shim says as a periodic save begins (``TrainingRun.free_local``)."""
-        answer = self.client.call(protocol.Saving(step=step))
-        assert answer is None or isinstance(answer, protocol.SavingAnswer), answer
-        self.answers.append(answer)
-        return answer
 
     def close(self, exit_code: int) -> None:
         assert self.client.call(protocol.Bye(exit_code=exit_code)) == protocol.OkAnswer()
@@ -83,10 +72,7 @@ def _local_bytes(root: Path) -> int:
     seen: dict[tuple[int, int], int] = {}
     for here, _dirs, files in os.walk(root):
         for name in files:
-            try:
-                info = os.lstat(os.path.join(here, name))
-            except FileNotFoundError:
-                continue  # removed while the walk went on (a copy freed behind the loop)
+            info = os.lstat(os.path.join(here, name))
             seen[(info.st_dev, info.st_ino)] = info.st_size
     return sum(seen.values())
 
@@ -129,45 +115,6 @@ def test_backlog_stays_within_save_total_limit_plus_one(
     assert "jitckpt_checkpoints_dropped_total 4.0" in agent.get("/metrics")[1]
     assert _manifest_steps(local_s3, bucket) == {1, 6}
     assert list(agent.staging.iterdir()) == []
-    trainer.close(0)
-    assert agent.terminate() == 0
-
-
-def test_a_periodic_save_that_begins_drops_the_one_waiting(
-    agent: AgentProcess, proxy: FaultProxy, local_s3: LocalS3, bucket: str
-) -> None:
-    """The shim says ``saving`` as each periodic save begins: the checkpoint still waiting
-    behind the upload is dropped then, and its local copy removed, so the volume holds the
-    one uploading and the one being written, never a third."""
-    proxy.delay(1.0, times=10_000, method="PUT", path=r"/checkpoint-\d+/")
-    trainer = HFLikeTrainer(agent, pid=503)
-    trainer.copies.free(1, trainer.saving)  # nothing held: nothing asked
-    trainer.save(1)
-    agent.wait_for(lambda: _uploading(agent, 1), 20, "checkpoint-1 uploading")
-    for step in range(2, 7):
-        trainer.copies.free(step, trainer.saving)
-        # checkpoint-1 uploading (its staged links hold its bytes), nothing else, once the
-        # removal behind the loop is done.
-        agent.wait_for(
-            lambda: _local_bytes(agent.local_dir) <= CHECKPOINT_BYTES, 10, "the copy removed"
-        )
-        trainer.save(step)
-        assert _local_bytes(agent.local_dir) <= 2 * CHECKPOINT_BYTES
-    assert trainer.answers == [
-        protocol.SavingAnswer(committed=None, dropped=()),
-        *[protocol.SavingAnswer(committed=None, dropped=(step - 1,)) for step in range(3, 7)],
-    ]
-    agent.wait_for(lambda: agent.status()["queue"] == [], 60, "the uploads to finish")
-    status = agent.status()
-    assert status["last_committed"]["step"] == 6
-    assert [(item["step"], item["reason"]) for item in status["superseded"]] == [
-        (step, f"superseded by checkpoint-{step + 1}, whose save began, before its upload began")
-        for step in range(2, 6)
-    ]
-    assert _manifest_steps(local_s3, bucket) == {1, 6}
-    # Once both are committed, the next save frees checkpoint-1's copy and 6's is the one left.
-    trainer.copies.free(7, trainer.saving)
-    assert trainer.answers[-1] == protocol.SavingAnswer(committed=6, dropped=())
     trainer.close(0)
     assert agent.terminate() == 0
 
