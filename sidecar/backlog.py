@@ -11,8 +11,11 @@ keeps the bytes). Two rules follow, and they are the whole policy:
   still queued (not uploading) is dropped, and so is the new one if it is
   periodic and older than one queued: at most one periodic checkpoint waits
   behind the one uploading, which is what keeps the sizing rule (docs/platform/sizing.md)
-  (``save-total-limit + 1`` checkpoints of the node's share: the ones HF keeps,
-  the newest of which is the one queued, and the one uploading);
+  (at most three checkpoints of the node's share when uploads fall behind: the
+  one being written, the one queued and the one uploading). The one queued is
+  the newest whole checkpoint, so it stays until a newer one is handed over,
+  never dropped as the next save begins: a trainer killed during that save
+  would resume from an older one;
 - once a checkpoint of step N is committed, every staged checkpoint of an
   older step, queued or uploading, is dropped: nothing older can be the one a
   restore picks. At shutdown this is what lets the pod end right after the JIT
