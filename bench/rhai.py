@@ -687,8 +687,9 @@ def durable_case(label: str, state_bytes: int, reps: int, s3: LocalS3, checkout:
 
 
 def exact_cases(
-    label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path, *, workers: int = 0
-) -> list[Case]:
+    label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path, *, workers: int = 0,
+    benchmark: str = NAME,
+) -> list[Case]:  # fmt: skip
     """A run stopped after step 3 and resumed by a new pod, each subject ``reps`` times,
     alternating: whether it ends bitwise equal to the run uninterrupted, what the
     preemption cost (both attempts' walls beyond the uninterrupted run's) and the new
@@ -720,11 +721,22 @@ def exact_cases(
                 runs[subject].append(resumed)
                 print(f"[bench] rhai exact rep {rep} {subject} workers {workers}: {resumed}",
                       file=sys.stderr, flush=True)  # fmt: skip
-    exact = {s: sum(r.difference == 0.0 for r in runs[s]) for s in who}
     loading = (f", {workers} persistent loader workers augmenting at random" if workers
                else "")  # fmt: skip
     case = (f"{label} state, stopped after step {SIGTERM_AFTER_STEP} of {EXACT_MAX_STEPS} and "
             f"resumed by a new pod, 1 node{loading}")  # fmt: skip
+    return resume_cases(case, runs, walls, benchmark)
+
+
+def resume_cases(
+    case: str, runs: dict[str, list[Resumed]], walls: list[float], benchmark: str = NAME
+) -> list[Case]:
+    """The three figures of a stop and resume, each subject of ``runs`` (in its order) a
+    series: the weights' distance from the uninterrupted run, the time the preemption
+    cost against ``walls`` (the uninterrupted run's, one a repetition), the new pod's start
+    to its first step."""
+    who = tuple(runs)
+    exact = {s: sum(r.difference == 0.0 for r in runs[s]) for s in who}
 
     def params(subject: str) -> dict[str, Any]:
         return {
@@ -739,12 +751,12 @@ def exact_cases(
         return [f for f in found if f is not None]
 
     return [
-        Case(NAME, case, "largest weight difference from the uninterrupted run", "abs", True,
+        Case(benchmark, case, "largest weight difference from the uninterrupted run", "abs", True,
              [Series(s, [r.difference for r in runs[s]], params(s)) for s in who],
              note="rhai: final model.safetensors against the same run uninterrupted (HF's "
              "save of its last step), 0 = bitwise equal; bitwise equal: "
              + ", ".join(f"{s} {exact[s]} of {len(runs[s])}" for s in who)),
-        Case(NAME, case, "time lost to the preemption (both pods' walls - the uninterrupted "
+        Case(benchmark, case, "time lost to the preemption (both pods' walls - the uninterrupted "
              "run's)", "s", True,
              [Series(s, [r.lost_seconds(w) for r, w in zip(runs[s], walls, strict=True)])
               for s in who],
@@ -754,7 +766,7 @@ def exact_cases(
              "exit, in the same repetition; floor: HF's save at the step after SIGTERM, then "
              "s5cmd cp up, then s5cmd cp down into the new pod, then HF's resume, nothing "
              "overlapped"),
-        Case(NAME, case, "new pod's start to its first step after the restore", "s", True,
+        Case(benchmark, case, "new pod's start to its first step after the restore", "s", True,
              [Series(s, first_steps(s)) for s in who],
              note="rhai: jitckpt from its agent's start (its restore, then the trainer); the "
              "peer from its script's start (its on_init_end downloads the newest complete "

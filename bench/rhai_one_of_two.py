@@ -191,10 +191,10 @@ def one_of_two_jitckpt(
 
 def one_of_two_cases(
     label: str, state_bytes: int, reps: int, s3: LocalS3, checkout: Path, *,
-    grace: float = GRACE_SECONDS, preempted: tuple[int, ...] = (1,),
+    grace: float = GRACE_SECONDS, preempted: tuple[int, ...] = (1,), benchmark: str = rhai.NAME,
 ) -> list[Case]:  # fmt: skip
     """Each subject ``reps`` times, alternating; ``preempted``: the nodes SIGTERMed (node
-    1's alone, a drained node; or both, a preempted job)."""
+    1's alone, a drained node; or both, a preempted job); ``benchmark``: whose cases."""
 
     shape = ModelShape.for_state(label, state_bytes)
     runs: dict[str, list[OneOfTwo]] = {s: [] for s in rhai.SUBJECTS}
@@ -229,16 +229,16 @@ def one_of_two_cases(
     resumable = {s: sum(r.step is not None for r in runs[s]) for s in rhai.SUBJECTS}
     told = ", ".join(f"{s} {resumable[s]} of {len(runs[s])}" for s in rhai.SUBJECTS)
     return [
-        Case(rhai.NAME, case, "SIGTERM to durable in S3", "s", True,
+        Case(benchmark, case, "SIGTERM to durable in S3", "s", True,
              [Series(s, durable(s), params(s)) for s in rhai.SUBJECTS],
              note="rhai two nodes: SIGTERM to a checkpoint of both nodes that the subject's "
              "own resume takes, polled every 50 ms (jitckpt: its commit record; the peer: a "
              f"checkpoint-N with no incomplete marker); runs with one: {told}"),
-        Case(rhai.NAME, case, "SIGTERM to both nodes' trainers gone", "s", True,
+        Case(benchmark, case, "SIGTERM to both nodes' trainers gone", "s", True,
              [Series(s, [r.seconds for r in runs[s]], params(s)) for s in rhai.SUBJECTS],
              note="rhai two nodes: a trainer still there at the end of the grace period is "
              "SIGKILLed with its torchrun's group, as a container's end kills its processes"),
-        Case(rhai.NAME, case, "runs ending with a checkpoint both nodes resume from", "runs",
+        Case(benchmark, case, "runs ending with a checkpoint both nodes resume from", "runs",
              False,
              [Series(s, [float(r.step is not None) for r in runs[s]], params(s))
               for s in rhai.SUBJECTS],

@@ -118,6 +118,13 @@ def steady_cases(
               f"{time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
     case = (f"{label} state, {STEPS} steps never preempted, a save every {SAVE_EVERY} "
             f"(save_total_limit {SAVE_TOTAL_LIMIT}), 1 node")  # fmt: skip
+    return steady_series(case, runs)
+
+
+def steady_series(
+    case: str, runs: dict[str, list[Steady]], benchmark: str = rhai.NAME
+) -> list[Case]:
+    """The two figures of runs never preempted, each subject of ``runs`` a series."""
 
     def codes(subject: str) -> dict[str, list[int | None]]:
         return {"exit_codes": [r.exit_code for r in runs[subject]]}
@@ -126,11 +133,11 @@ def steady_cases(
         return [r.steps_per_second for r in runs[subject] if r.steps_per_second is not None]
 
     return [
-        Case(rhai.NAME, case, "training speed", "steps/s", False,
+        Case(benchmark, case, "training speed", "steps/s", False,
              [Series(s, speeds(s), codes(s)) for s in SUBJECTS],
              note="rhai: steps ended per second from the end of step 1 to the end of the "
              "last, the periodic saves included"),
-        Case(rhai.NAME, case, "local volume's peak", "MB", True,
+        Case(benchmark, case, "local volume's peak", "MB", True,
              [Series(s, [r.peak_bytes / rhai.MB for r in runs[s]], codes(s)) for s in SUBJECTS],
              note="rhai: the most bytes on disk at once under the output directory (and "
              "jitckpt's staging volume), sampled every 0.1 s, each inode once"),
