@@ -503,6 +503,7 @@ def exact_rhai(
         here = work / f"attempt-{attempt}"
         here.mkdir()
         output = here / "output"
+        output.mkdir()  # the SDK's emptyDir mount at its output_dir
         timeline_path = here / "timeline.jsonl"
         timelines.append(timeline_path)
         argv = workload_argv(shape, output, timeline_path, max_steps=max_steps,

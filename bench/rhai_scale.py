@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,9 +130,21 @@ class Attempts:
         yield dirs
         self.walls.append(time.monotonic() - self.started[-1])
 
-    def resumed(self, final: Path, reference: Path) -> rhai.Resumed:
-        return rhai._resumed(self.timelines, final, reference, codes=self.codes,
-                             walls=self.walls, started=self.started)  # fmt: skip
+    def resumed(self, final: Path | None, reference: Path) -> rhai.Resumed:
+        """Read; ``final``: the job's last weights, None where it ended without them (a
+        job that crashed: infinitely far from the uninterrupted run's)."""
+        if final is not None:
+            return rhai._resumed(self.timelines, final, reference, codes=self.codes,
+                                 walls=self.walls, started=self.started)  # fmt: skip
+        return rhai.Resumed(rhai._first_step(self.timelines[1]), float("inf"),
+                            (self.codes[0], self.codes[1]), (self.walls[0], self.walls[1]),
+                            rhai._first_step_after(self.timelines[1], self.started[1]))  # fmt: skip
+
+
+def final_weights(node_0: Path) -> Path | None:
+    """Node 0's `model.safetensors` of the last step, None where the job left none."""
+    found = sorted(node_0.rglob(f"checkpoint-{rhai.EXACT_MAX_STEPS}/model.safetensors"))
+    return found[0] if found else None
 
 
 def _argv(shape: ModelShape, here: Path, **kwargs: object) -> list[str]:
@@ -189,8 +202,7 @@ def resume_jitckpt(
                                       rhai_one_of_two.COMMIT_WAIT_SECONDS)[0])  # fmt: skip
             rhai._wait_committed(s3_env, BUCKET, PREFIX)
         # the pods are gone once their agents are: each exits when its uploads are done
-    final = rhai._final_weights(work / "attempt-2" / "node-0", rhai.EXACT_MAX_STEPS)
-    return done.resumed(final, reference)
+    return done.resumed(final_weights(work / "attempt-2" / "node-0"), reference)
 
 
 def resume_rhai(
@@ -199,6 +211,8 @@ def resume_rhai(
     """The peer's job: its script on each node; the second attempt's `on_init_end` (local
     rank 0 of each node) downloads the newest complete checkpoint; its last save uploaded
     too, and read back from the store."""
+    from botocore.exceptions import ClientError
+
     from bench.sigterm_to_durable import _s3_client
     from local.ports import free_port
 
@@ -206,6 +220,10 @@ def resume_rhai(
     periodic = rhai.Periodic("steps", rhai.EXACT_MAX_STEPS)
 
     def pod_script(here: Path) -> list[str]:
+        # The SDK's pod mounts an emptyDir at its output_dir: there, and empty, at the start.
+        # (Where it is not, fsspec's `get` puts the checkpoint's files in it flat, and node 1
+        # trains from step 1 beside node 0 resumed: a collective mismatch.)
+        (here / "output").mkdir()
         path = here / "train.py"
         argv = _exact_argv(shape, here)[2:]  # without `-m bench.workload`
         path.write_text(rhai.script(checkout, argv, here / "output", remote, periodic))
@@ -222,7 +240,10 @@ def resume_rhai(
             done.codes.append(run_job(pods, number, complete, 0.0)[0])
     final = work / "final.safetensors"
     key = f"{rhai.RHAI_PREFIX}/checkpoint-{rhai.EXACT_MAX_STEPS}/model.safetensors"
-    _s3_client(s3_env).download_file(rhai.BUCKET, key, str(final))
+    try:
+        _s3_client(s3_env).download_file(rhai.BUCKET, key, str(final))
+    except ClientError:  # its resumed job ended without uploading its last save
+        return done.resumed(None, reference)
     return done.resumed(final, reference)
 
 
@@ -288,8 +309,7 @@ def resume_floor(
                 saved.extend(int(c.name.split("-")[1]) for c in checkpoints if c is not None)
                 _in_parallel([functools.partial(peer_store.upload, c, root, env)
                               for c in checkpoints if c is not None])  # fmt: skip
-    final = rhai._final_weights(work / "attempt-2" / "node-0", rhai.EXACT_MAX_STEPS)
-    return done.resumed(final, reference)
+    return done.resumed(final_weights(work / "attempt-2" / "node-0"), reference)
 
 
 def resume_cases(
@@ -405,18 +425,29 @@ def run(options: BenchOptions, checkout: Path) -> list[Case]:
 
     reps = options.repetitions(3, 3)
     sizes = [("50 MB", 50 * rhai.MB)] + ([] if options.quick else [("500 MB", 500 * rhai.MB)])
+    groups: list[tuple[str, Callable[[LocalS3], list[Case]]]] = []
+    if not options.quick:
+        groups.append(("500 MB 1-node resume", functools.partial(
+            rhai.exact_cases, "500 MB", 500 * rhai.MB, reps, checkout=checkout,
+            benchmark=NAME)))  # fmt: skip
+    for label, size in sizes:
+        groups.append((f"{label} 2-node resume", functools.partial(
+            resume_cases, label, size, reps, checkout=checkout)))  # fmt: skip
+        groups.append((f"{label} 2-node steady", functools.partial(
+            steady_cases, label, size, reps, checkout=checkout)))  # fmt: skip
+    if not options.quick:
+        groups.append(("500 MB 2-node durable", functools.partial(
+            rhai_one_of_two.one_of_two_cases, "500 MB", 500 * rhai.MB, reps,
+            checkout=checkout, preempted=(0, 1), benchmark=NAME)))  # fmt: skip
     cases: list[Case] = []
     with LocalS3() as s3:
-        if not options.quick:
-            cases += rhai.exact_cases("500 MB", 500 * rhai.MB, reps, s3, checkout,
-                                      benchmark=NAME)  # fmt: skip
-        for label, size in sizes:
-            cases += resume_cases(label, size, reps, s3, checkout)
-            cases += steady_cases(label, size, reps, s3, checkout)
-        if not options.quick:
-            cases += rhai_one_of_two.one_of_two_cases("500 MB", 500 * rhai.MB, reps, s3,
-                                                      checkout, preempted=(0, 1),
-                                                      benchmark=NAME)  # fmt: skip
+        for what, measure in groups:
+            # One group's failure is printed, and does not throw away the others' figures.
+            try:
+                cases += measure(s3)
+            except Exception:
+                print(f"[bench] {NAME}: {what} failed, not recorded:\n{traceback.format_exc()}",
+                      file=sys.stderr, flush=True)  # fmt: skip
     return cases
 
 
