@@ -177,7 +177,6 @@ def resume_jitckpt(
 ) -> rhai.Resumed:
     """jitckpt's job: an agent a node, as its sidecar; each attempt new agents and empty
     volumes, the second restored from the store."""
-    from bench.jitckpt_node import JitckptNode
     from bench.sigterm_to_durable import BUCKET
     from local.ports import free_port
 
@@ -188,13 +187,8 @@ def resume_jitckpt(
 
     done = Attempts.empty()
     for number in (1, 2):
-        with done.attempt(work, number) as dirs, contextlib.ExitStack() as stack:
-            nodes: list[JitckptNode] = [
-                stack.enter_context(JitckptNode(here / "node", destination, s3_env,
-                                                nnodes=NODES, node_rank=rank,
-                                                nproc_per_node=1))
-                for rank, here in enumerate(dirs)
-            ]  # fmt: skip
+        with done.attempt(work, number) as dirs, jitckpt_nodes(dirs, destination,
+                                                               s3_env) as nodes:  # fmt: skip
             envs = [node.trainer_env(dict(os.environ)) for node in nodes]
             pods = torchrun_pods(free_port(), dirs, functools.partial(_exact_argv, shape),
                                  envs.__getitem__)  # fmt: skip
@@ -265,6 +259,23 @@ def _in_parallel(calls: Sequence[Callable[[], object]]) -> None:
         thread.join()
     if errors:
         raise errors[0]
+
+
+@contextlib.contextmanager
+def jitckpt_nodes(
+    dirs: Sequence[Path], destination: str, s3_env: dict[str, str]
+) -> Iterator[list[JitckptNode]]:
+    """One jitckpt agent a node (its pod's sidecar), all started at once and stopped at
+    once: each pod's sidecar starts and ends with its own pod, not after another's."""
+    from bench.jitckpt_node import JitckptNode
+
+    nodes = [JitckptNode(here / "node", destination, s3_env, nnodes=NODES, node_rank=rank,
+                         nproc_per_node=1) for rank, here in enumerate(dirs)]  # fmt: skip
+    try:
+        _in_parallel([node.start for node in nodes])
+        yield nodes
+    finally:
+        _in_parallel([node.stop for node in nodes])
 
 
 def newest_checkpoint(output: Path) -> Path | None:
@@ -349,7 +360,6 @@ def steady_run(
 ) -> rhai_steady.Steady:
     """``subject``'s 2-node run of `rhai_steady.STEPS` steps, a save every
     `rhai_steady.SAVE_EVERY`, never preempted: node 0's speed, the larger pod's peak."""
-    from bench.jitckpt_node import JitckptNode
     from bench.sigterm_to_durable import BUCKET
     from local.ports import free_port
 
@@ -372,13 +382,7 @@ def steady_run(
         pods = torchrun_pods(free_port(), dirs, argv, lambda rank: dict(os.environ))
         code, peak = train(pods, outputs)
     elif subject == rhai.JITCKPT:
-        with contextlib.ExitStack() as stack:
-            nodes: list[JitckptNode] = [
-                stack.enter_context(JitckptNode(here / "node", f"s3://{BUCKET}/{PREFIX}",
-                                                s3_env, nnodes=NODES, node_rank=rank,
-                                                nproc_per_node=1))
-                for rank, here in enumerate(dirs)
-            ]  # fmt: skip
+        with jitckpt_nodes(dirs, f"s3://{BUCKET}/{PREFIX}", s3_env) as nodes:
             envs = [node.trainer_env(dict(os.environ)) for node in nodes]
             pods = torchrun_pods(free_port(), dirs, argv, envs.__getitem__)
             volumes = [[*o, n.local_dir] for o, n in zip(outputs, nodes, strict=True)]
