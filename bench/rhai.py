@@ -28,6 +28,7 @@ resume is exact: a run stopped after step 3 and resumed by a new process with
 an empty local volume, to its end, its final weights compared bit for bit
 with the same run uninterrupted, with the time that cost and the new pod's start
 to its first step; and what each costs a run never preempted (bench/rhai_steady.py).
+The same figures at 500 MB and on 2 nodes are bench/rhai_scale.py's, a section of their own.
 """
 
 from __future__ import annotations
