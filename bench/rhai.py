@@ -33,6 +33,7 @@ The same figures at 500 MB and on 2 nodes are bench/rhai_scale.py's, a section o
 
 from __future__ import annotations
 
+import argparse
 import ast
 import builtins
 import importlib.util
@@ -800,13 +801,19 @@ def run(options: BenchOptions, checkout: Path | None = None) -> list[Case]:
         return [*exact, *durable, *steady, *two, *breaks]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    arguments = harness.parser(__doc__ or NAME)
+def parser(description: str) -> argparse.ArgumentParser:
+    """The bench's shared flags and `--rhai-path`, for every bench of this peer."""
+    arguments = harness.parser(description)
     arguments.add_argument(
         "--rhai-path",
         default=None,
         help=f"root of a kubeflow-sdk checkout (default: ${ENV_PATH}); absent: skipped",
     )
+    return arguments
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = parser(__doc__ or NAME)
     arguments.add_argument(
         "--one-of-two",
         action="store_true",

@@ -456,13 +456,7 @@ def run(options: BenchOptions, checkout: Path) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = harness.parser(__doc__ or NAME)
-    arguments.add_argument(
-        "--rhai-path",
-        default=None,
-        help=f"root of a kubeflow-sdk checkout (default: ${rhai.ENV_PATH}); absent: skipped",
-    )
-    args = arguments.parse_args(argv)
+    args = rhai.parser(__doc__ or NAME).parse_args(argv)
     try:
         checkout = rhai.check_checkout(rhai.checkout_from(args.rhai_path))
     except rhai.Absent as why:
