@@ -27,6 +27,10 @@ exceed it happens synchronously instead; the copy is released as soon as it is
 written. A JIT stop supersedes a save in flight (its writer stops after the
 file it is writing and the partial directory is removed): the JIT checkpoint is
 newer; one every rank had already written is still staged, as a fallback.
+Before its first file, the writer waits for room on the local volume
+(``volumeroom``: uploads slower than saves would otherwise put a third
+checkpoint there), the snapshot in host memory; the next save drops a snapshot
+still waiting rather than waiting for it, so the loop never stalls on it.
 ``JITCKPT_ASYNC_SAVE=false`` keeps every save synchronous.
 """
 
@@ -42,6 +46,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import devicetags, dist, writecall, writerproc
 from .log import failed, say, say_once
+from .volumeroom import VolumeRoom
 from .written import FAILED, WRITING, WRITTEN, WriteOutcome
 
 ENV_ASYNC_SAVE = "JITCKPT_ASYNC_SAVE"
@@ -360,9 +365,15 @@ class Snapshot:
 class SaveJob:
     """The calls one save deferred, and what became of them."""
 
-    def __init__(self, directory: str, step: int) -> None:
+    def __init__(self, directory: str, step: int, room: Optional[VolumeRoom] = None) -> None:
         self.directory = directory
         self.step = step
+        self.room = room
+        self.waiting_room = False  # the writer waits for room on the volume (``volumeroom``)
+        self.held = False  # the sidecar was told it waits (``holding``)
+        self.dropped = False  # a newer save began while it waited: never written
+        self.finishing = threading.Event()  # training ended: the room's wait is bounded
+        self.room_seconds = 0.0  # the writer's wait for room on the volume
         self.calls: List[Call] = []
         self.snapshots: List[Snapshot] = []
         self.copy_seconds = 0.0  # at the step boundary
@@ -402,6 +413,13 @@ class SaveJob:
                 self.later_seconds = time.monotonic() - started
             for snapshot in self.snapshots:
                 snapshot.ready()
+            if self.room is not None:
+                self.waiting_room, waited = True, time.monotonic()
+                try:
+                    self.held = self.room.wait(self.step, self.cancel, self.finishing)
+                finally:
+                    self.waiting_room = False
+                    self.room_seconds = time.monotonic() - waited
             for function, live_args, live_kwargs, copies in self.calls:
                 if self.cancel.is_set():
                     self.state = FAILED
@@ -425,7 +443,7 @@ class SaveJob:
             self.error = exc
             self.state = FAILED
         finally:
-            self.write_seconds = time.monotonic() - started
+            self.write_seconds = time.monotonic() - started - self.room_seconds
             self.calls = []
             for snapshot in self.snapshots:
                 snapshot.release()
@@ -443,6 +461,11 @@ def _local_path(target: Any) -> bool:
         return "://" not in str(os.fspath(target))
     except Exception:
         return False
+
+
+def _waited(seconds: float) -> str:
+    """A save's wait for room on the volume (``volumeroom``), for its message."""
+    return "" if seconds < 0.05 else ", after %.2f s in host memory waiting for room" % seconds
 
 
 def _writers(by_process: bool, thread_calls: int) -> str:
@@ -540,13 +563,15 @@ class BackgroundSaves:
         step: int,
         save: Callable[[], Any],
         stable: Optional[Set[StorageKey]] = None,
+        room: Optional[VolumeRoom] = None,
     ) -> Any:
         """Run the framework's ``save`` for ``checkpoint-<step>`` with its writes deferred, then
         start writing them behind the training loop. The caller waited and staged the save
         before this one (``wait``, ``agree_and_stage``). ``stable``: the storages (keys of
         ``storage_key``) that only an optimizer step changes, the parameters and the
-        optimizer's state: those on the CPU are copied by the writer, before the next step."""
-        job = SaveJob(directory, step)
+        optimizer's state: those on the CPU are copied by the writer, before the next step.
+        ``room``: what the writer waits for before its first file (None: nothing)."""
+        job = SaveJob(directory, step, room)
         self._budget = memory_budget()
         self._stable = stable if stable is not None and _hook_installed() else set()
         self._capturing, self._capture_thread = job, threading.get_ident()
@@ -670,7 +695,7 @@ class BackgroundSaves:
             say(
                 "checkpoint-%d written behind the training loop: a %.1f MB snapshot in %s "
                 "(%.3f s of copies at the step boundary, %.3f s before the next "
-                "optimizer step; released after a %.2f s write%s)"
+                "optimizer step; released after a %.2f s write%s%s)"
                 % (
                     job.step,
                     snapshot_bytes / MB,
@@ -679,6 +704,7 @@ class BackgroundSaves:
                     job.later_seconds,
                     job.write_seconds,
                     _writers(by_process, job.thread_calls),
+                    _waited(job.room_seconds),
                 )
             )
         elif job.error is not None:
@@ -686,17 +712,24 @@ class BackgroundSaves:
                 "writing checkpoint-%d in the background failed (%s: %s): it is not staged"
                 % (job.step, type(job.error).__name__, job.error)
             )
+        if job.held and job.state != WRITTEN and job.room is not None:
+            job.room.released(job.step)  # never staged: older uploads go on at once
 
     # -- after the save -------------------------------------------------------------
     def agree_and_stage(self, stage: Callable[[str, int], None], block: bool) -> None:
         """While a save is pending (every rank has one, from the same step): once every
         rank's writer is done, stage it (``stage(directory, step)``) or, if any rank
         failed, drop it. No collective: the ranks' results come through the job's store
-        (``written``). ``block``: wait for this rank's writer, then for the outcome."""
+        (``written``). ``block``: wait for this rank's writer, then for the outcome; a
+        writer still waiting for room on the volume is not waited for but stopped (the
+        save that follows is newer, and takes its place)."""
         job = self._job
         if job is None:
             return
         if block:
+            if job.waiting_room and not job.done.is_set():
+                job.dropped = True
+                job.cancel.set()
             self.wait()
         agreed = job.outcome.outcome(block) if job.outcome is not None else FAILED
         if agreed == WRITING:
@@ -704,6 +737,12 @@ class BackgroundSaves:
         self._job = None
         if agreed == WRITTEN:
             stage(job.directory, job.step)
+        elif job.dropped:
+            say(
+                "checkpoint-%d was dropped before it was written: it waited in host memory for "
+                "room on the local volume, and a newer save began" % job.step
+            )
+            _remove(job.directory)
         else:
             say("checkpoint-%d was not written on every rank: not staged" % job.step)
             _remove(job.directory)
@@ -733,6 +772,7 @@ class BackgroundSaves:
         (``collective``: every rank ends here too; a world of one always can)."""
         if self._job is None:
             return
+        self._job.finishing.set()
         self.wait()
         if collective or dist.ranks()["world_size"] <= 1:
             self.agree_and_stage(stage, block=True)

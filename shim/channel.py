@@ -1,7 +1,8 @@
 """The shim's side of the sidecar socket, built so that it can never stall training.
 
-Requests that need an answer (``hello``, ``staged``, ``staging``, ``status``, ``bye``) and the final
-``progress`` report go over one connection guarded by a lock; the periodic
+Requests that need an answer (``hello``, ``staged``, ``staging``, ``status``,
+``holding``, ``bye``) and the final ``progress`` report go over one connection
+guarded by a lock; the periodic
 ``progress`` reports go through a one-slot mailbox that a daemon thread drains
 (a slow sidecar makes them drop, never the training loop wait); ``sigterm`` is
 sent from its own short-lived thread, since it is raised from a signal handler.
@@ -17,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, Optional, TypeVar
 
 from . import protocol
 from .log import say_once
@@ -29,6 +30,51 @@ STAGED_TIMEOUT = 60.0
 STATUS_SECONDS = 2.0
 
 _T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backlog:
+    """The node's checkpoints the sidecar has not committed (``uncommitted``: staged,
+    uploading or queued, the final model aside), its newest commit (``committed``) and the
+    steps it dropped for a newer checkpoint (``superseded``, the newest few). Read from a
+    status document, which the sidecar builds: anything malformed reads as nothing
+    staged, no commit, nothing dropped."""
+
+    uncommitted: int
+    committed: Optional[int]
+    superseded: FrozenSet[int] = frozenset()
+
+    def has(self, step: int) -> bool:
+        """Whether a local copy of checkpoint-``step`` is no longer needed for the store's
+        sake: that step or a newer one is committed, or a newer one replaced it."""
+        done = self.committed is not None and step <= self.committed
+        return done or step in self.superseded
+
+    def why(self, step: int) -> str:
+        """Why the local copy of checkpoint-``step`` may go (``has``), for its message."""
+        if self.committed is not None and step <= self.committed:
+            return "the store has it"
+        return "a newer checkpoint replaced it before its upload began"
+
+    @classmethod
+    def of(cls, status: Dict[str, Any]) -> Backlog:
+        queue = status.get("queue")
+        rows = queue if isinstance(queue, list) else []
+        kinds = (protocol.KIND_PERIODIC, protocol.KIND_JIT)
+        staged = sum(1 for row in rows if isinstance(row, dict) and row.get("kind") in kinds)
+        last = status.get("last_committed")
+        step = _step(last.get("step") if isinstance(last, dict) else None)
+        dropped = status.get("superseded")
+        steps = (
+            [_step(row.get("step")) for row in dropped if isinstance(row, dict)]
+            if isinstance(dropped, list)
+            else []
+        )
+        return cls(staged, step, frozenset(s for s in steps if s is not None))
+
+
+def _step(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class Client:
@@ -196,15 +242,19 @@ class SidecarLink:
         answer = self.call(request, timeout=STAGED_TIMEOUT)
         return answer.id if isinstance(answer, protocol.StagedAnswer) else None
 
-    def committed_step(self) -> Optional[int]:
-        """The step of the sidecar's newest committed checkpoint, or None (none yet, or the
-        sidecar cannot be asked)."""
+    def backlog(self) -> Optional[Backlog]:
+        """What the node's sidecar holds and has not committed, from its status document;
+        None when it cannot be asked."""
         answer = self.call(protocol.Status(), timeout=STATUS_SECONDS)
         if not isinstance(answer, protocol.StatusAnswer):
             return None
-        last = answer.status.get("last_committed")
-        step = last.get("step") if isinstance(last, dict) else None
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+        return Backlog.of(answer.status)
+
+    def holding(self, step: int, released: bool = False) -> bool:
+        """Say that a periodic checkpoint of ``step`` waits in memory for room on the volume
+        (``released``: no longer, it was dropped); whether the sidecar heard it."""
+        answer = self.call(protocol.Holding(step=step, released=released), timeout=STATUS_SECONDS)
+        return isinstance(answer, protocol.OkAnswer)
 
     def reset(self) -> None:
         """Close the request connection (the next request opens a fresh one): the sidecar

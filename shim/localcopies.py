@@ -28,9 +28,10 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import dist
+from .channel import Backlog
 from .log import failed, say
 
 # What a copy is renamed to before it is removed: no framework reads it as a checkpoint.
@@ -43,6 +44,9 @@ class LocalCopies:
     def __init__(self, checkpoints_dir: str) -> None:
         self.root = os.path.realpath(checkpoints_dir)
         self._held: Dict[str, int] = {}  # real path -> step
+        self._keep: Set[str] = set()  # what the last ``free`` was told to keep
+        # ``free`` runs in the writer thread too, once the volume has room (``volumeroom``).
+        self._lock = threading.Lock()
 
     def _inside(self, directory: str) -> Optional[str]:
         """``directory``'s real path when it is a checkpoint of this run's own dir, else None
@@ -54,40 +58,47 @@ class LocalCopies:
         """The sidecar owns ``directory``'s files now (staged), or restored it from the store."""
         path = self._inside(directory)
         if path is not None:
-            self._held[path] = step
+            with self._lock:
+                self._held[path] = step
 
     def free(
         self,
         before: int,
-        committed: Callable[[], Optional[int]],
-        keep: Iterable[Optional[str]] = (),
+        committed: Callable[[], Optional[Backlog]],
+        keep: Optional[Iterable[Optional[str]]] = (),
     ) -> None:
         """Remove the copies older than step ``before`` that the store has committed (the
-        sidecar's newest commit, from ``committed``, is that step or a newer one).
+        sidecar's newest commit, from ``committed``, is that step or a newer one) or that
+        the sidecar dropped for a newer one it was handed (``Backlog.superseded``: one
+        queued behind the upload, which the next one handed replaces), but for ``keep``
+        (None: what the last call kept).
 
-        Called as a periodic save of ``before`` begins. On local rank 0
-        only (the volume is the node's); never raises: what cannot be removed stays for the
-        framework's rotation, as does everything while the sidecar cannot say what it
-        committed.
+        Called as a periodic save of ``before`` begins, and again once its writer has room
+        (``volumeroom``). On local rank 0 only (the volume is the node's); never raises:
+        what cannot be removed stays for the framework's rotation, as does everything
+        while the sidecar cannot say what it committed.
         """
         try:
             if dist.ranks()["local_rank"] != 0:
                 return
-            kept = {os.path.realpath(path) for path in keep if path}
-            older = [(p, s) for p, s in self._held.items() if s < before and p not in kept]
-            newest = committed() if older else None
-            if newest is not None:
-                self._free([path for path, step in older if step <= newest])
+            with self._lock:
+                if keep is not None:
+                    self._keep = {os.path.realpath(path) for path in keep if path}
+                kept = self._keep
+                older = [(p, s) for p, s in self._held.items() if s < before and p not in kept]
+                backlog = committed() if older else None
+                if backlog is not None:
+                    self._free([(p, s, backlog.why(s)) for p, s in older if backlog.has(s)])
         except Exception as exc:
             failed("removing the local copies of older checkpoints", exc)
 
-    def _free(self, paths: List[str]) -> None:
+    def _free(self, copies: List[Tuple[str, int, str]]) -> None:
         """Rename each copy out of the checkpoints' names at once (no resume can pick a half
         removed one), then remove it behind the loop: removing a large file takes the
         file system a while, and a periodic save must not stall the step."""
         doomed = [os.path.join(self.root, name) for name in _leftovers(self.root)]
-        for path in paths:
-            step = self._held.pop(path)
+        for path, step, why in copies:
+            self._held.pop(path)
             if not os.path.isdir(path) or os.path.islink(path):
                 continue
             hidden = os.path.join(self.root, "%s%d-%d" % (FREED_PREFIX, step, os.getpid()))
@@ -96,7 +107,7 @@ class LocalCopies:
             except OSError:
                 continue  # gone already, or not ours to move: the framework's rotation decides
             doomed.append(hidden)
-            say("removed the local copy of checkpoint-%d (the store has it)" % step)
+            say("removed the local copy of checkpoint-%d (%s)" % (step, why))
         if doomed:
             threading.Thread(target=_remove_all, args=(doomed,), daemon=True).start()
 

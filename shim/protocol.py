@@ -436,6 +436,31 @@ class Sigterm:
 
 
 @dataclass(frozen=True)
+class Holding:
+    """A periodic checkpoint of ``step`` waits in this node's host memory for room on the
+    local volume (``shim/volumeroom.py``: two of the node's checkpoints are not uploaded
+    yet), and will be written once one of them is. Meanwhile the sidecar starts no upload
+    of an older periodic checkpoint (``sidecar/backlog.py``): the one waiting would be
+    superseded by this one within the time it takes to write it, and uploading it first
+    puts this one a whole upload later. The hold ends when a checkpoint of ``step`` or a
+    newer one is staged, when the same connection says ``released`` (the save was dropped
+    or failed), when that connection closes (the process died), or after
+    ``sidecar.uploader.MAX_HOLD`` seconds of holding an upload back: a hold never keeps a
+    checkpoint from the store for long, and never the one uploading."""
+
+    OP: ClassVar[str] = "holding"
+    step: int
+    released: bool = False
+
+    def to_wire(self) -> Dict[str, Any]:
+        return _wire(self.OP, {"step": self.step, "released": self.released})
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> Holding:
+        return cls(step=_int(body, "step", 0, MAX_STEP), released=_flag(body, "released"))
+
+
+@dataclass(frozen=True)
 class Progress:
     """Where training is (``max_steps`` 0: unknown); never answered.
 
@@ -565,7 +590,17 @@ class AwaitRestore:
 
 
 Request = Union[
-    Hello, Staged, Staging, Sigterm, Progress, Status, Bye, Unfollowed, Lease, AwaitRestore
+    Hello,
+    Staged,
+    Staging,
+    Sigterm,
+    Holding,
+    Progress,
+    Status,
+    Bye,
+    Unfollowed,
+    Lease,
+    AwaitRestore,
 ]
 
 
@@ -716,6 +751,7 @@ OPS: Dict[str, Op] = {
     Staged.OP: Op(Staged, StagedAnswer),
     Staging.OP: Op(Staging, StagedAnswer),
     Sigterm.OP: Op(Sigterm, OkAnswer),
+    Holding.OP: Op(Holding, OkAnswer),
     Progress.OP: Op(Progress, None),
     Status.OP: Op(Status, StatusAnswer),
     Bye.OP: Op(Bye, OkAnswer),

@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 from . import agreement, copies, dist, final, pids, protocol, streaming
-from .channel import SidecarLink
+from .channel import Backlog, SidecarLink
 from .checkpoints import newest_checkpoint
 from .config import ShimConfig
 from .layout import CHECKPOINT_PREFIX, JIT_EXIT_CODE, demo_log_path
@@ -45,6 +45,7 @@ from .session import ProcessSession
 from .session import get as get_session
 from .signals import FLAG
 from .staging import stage
+from .volumeroom import VolumeRoom
 
 # Which staged names only this node's ranks read on the same layout (``staging.stage``).
 LocalFiles = Optional[Callable[[str], bool]]
@@ -155,6 +156,8 @@ class TrainingRun:
         self.while_held: Optional[Callable[[], None]] = None
         # The local checkpoints the store has, freed as the next save begins (``localcopies``).
         self.local_copies = LocalCopies(config.checkpoints_dir)
+        # What a periodic save written behind the loop waits for before its first file.
+        self.room = VolumeRoom(self.process.link, self._free_for_room)
 
     # -- start ----------------------------------------------------------------
     def start(
@@ -361,7 +364,12 @@ class TrainingRun:
     def free_local(self, before: int, keep: Sequence[Optional[str]] = ()) -> None:
         """Remove the local copies of checkpoints older than ``before`` that the sidecar
         committed, but for ``keep`` (``localcopies``; local rank 0, never raises)."""
-        self.local_copies.free(before, self.process.link.committed_step, keep)
+        self.local_copies.free(before, self.process.link.backlog, keep)
+
+    def _free_for_room(self, before: int, backlog: Backlog) -> None:
+        """The writer of ``before`` has room: the copies the store has go first (as at its
+        save's beginning, with what that kept), so the volume holds two checkpoints."""
+        self.local_copies.free(before, lambda: backlog, keep=None)
 
     def final_progress(self, step: int, max_steps: int, epoch: float) -> None:
         """Tell the sidecar the step training ended at (the periodic reports may lag)."""

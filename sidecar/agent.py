@@ -645,6 +645,7 @@ class Agent:
         server.on(protocol.Staged, self.staged)
         server.on(protocol.Staging, self.staging)
         server.on(protocol.Sigterm, self.sigterm)
+        server.on(protocol.Holding, self.holding)
         server.on(protocol.Progress, self.progress)
         server.on(protocol.Status, self.status)
         server.on(protocol.Bye, self.bye)
@@ -869,6 +870,17 @@ class Agent:
         self.grace.trainer_said()
         return protocol.OkAnswer()
 
+    async def holding(self, peer: Peer, request: protocol.Holding) -> protocol.Answer:
+        """A periodic checkpoint waits in the trainer's memory for room on the volume: older
+        periodic uploads wait for it, within the uploader's bound (``backlog``). Any
+        connection may say it; the most it can do is hold a periodic upload back for
+        ``uploader.MAX_HOLD`` seconds, never a JIT one or the one uploading."""
+        if request.released:
+            await self.uploader.release(peer.number, request.step)
+        else:
+            await self.uploader.hold(request.step, peer.number)
+        return protocol.OkAnswer()
+
     async def progress(self, peer: Peer, request: protocol.Progress) -> None:
         """A step end: recorded before anything is awaited, so reports are recorded in the
         order they are read. (The resume guard's first record write takes a while: a
@@ -938,4 +950,5 @@ class Agent:
     async def closed(self, peer: Peer) -> None:
         if peer.lease:
             self.presence.released()
+        await self.uploader.release(peer.number)  # a process that died holds nothing
         await self._drop_partial(peer, "its connection closed before the checkpoint was complete")

@@ -5,7 +5,7 @@ checkpoint. So a periodic checkpoint still waiting behind a newer one would be
 uploaded only after that newer one, where it adds nothing a restore can use;
 keeping it costs the local volume a whole checkpoint (HF's rotation has
 usually deleted the trainer's copy, and the staged hard links are all that
-keeps the bytes). Two rules follow, and they are the whole policy:
+keeps the bytes). Three rules follow, and they are the whole policy:
 
 - when a checkpoint is accepted, every periodic checkpoint of an older step
   still queued (not uploading) is dropped, and so is the new one if it is
@@ -16,6 +16,15 @@ keeps the bytes). Two rules follow, and they are the whole policy:
   the newest whole checkpoint, so it stays until a newer one is handed over,
   never dropped as the next save begins: a trainer killed during that save
   would resume from an older one;
+- while the trainer holds a newer periodic checkpoint in host memory for want
+  of room on the volume (``holding``: the shim writes no third checkpoint
+  there, ``shim/volumeroom.py``), no upload of an older periodic one begins:
+  once the upload before it is committed, the held one is written and staged
+  and supersedes the one queued by the first rule, where uploading that one
+  first would put the newest a whole upload later. The one queued stays on
+  the volume meanwhile, so a trainer killed while holding (the hold ends with
+  its connection) still has it uploaded. So the volume holds two checkpoints
+  of the node's share: the one uploading or queued, and the one written;
 - once a checkpoint of step N is committed, every staged checkpoint of an
   older step, queued or uploading, is dropped: nothing older can be the one a
   restore picks. At shutdown this is what lets the pod end right after the JIT
@@ -58,6 +67,18 @@ def superseded_on_accept(
         return [(new, reason(newest, committed=False))]
     why = reason(new.step, committed=False)
     return [(j, why) for j in waiting if j.step < new.step]
+
+
+def held_back(job: StagedJob, holding: int | None) -> bool:
+    """Whether ``job``'s upload waits for the periodic checkpoint of step ``holding`` that the
+    trainer holds (None: no hold): a periodic checkpoint of an older step."""
+    return holding is not None and job.kind == protocol.KIND_PERIODIC and job.step < holding
+
+
+def ends_hold(job: StagedJob, holding: int | None) -> bool:
+    """Whether accepting ``job`` ends the hold of step ``holding``: it is that checkpoint or a
+    newer one (the held one was staged, or the JIT save superseded it)."""
+    return holding is not None and is_checkpoint(job) and job.step >= holding
 
 
 def at_or_below(step: int, committed: int | None) -> bool:

@@ -16,7 +16,10 @@ staged files changed since they were accepted is dropped after a few tries,
 with an error in the status. Checkpoints that a newer one made useless are
 dropped too (``sidecar/backlog.py``: at most one periodic checkpoint waits
 behind the one uploading; a commit drops every older one, an upload in flight
-included), each said in the status. A JIT checkpoint streamed while it is
+included), each said in the status. While the trainer holds a newer periodic
+checkpoint in host memory for want of room on the volume (``hold``), no older
+periodic upload begins: the held one supersedes it as soon as it is written
+(bounded: ``MAX_HOLD`` seconds of holding one back). A JIT checkpoint streamed while it is
 written (``staging``) is queued at its first file and uploads each file as it
 arrives; one whose process went away before completing it is withdrawn
 (``withdraw``): its uploads are cancelled, multipart ones aborted, and nothing
@@ -52,6 +55,11 @@ MAX_SOURCE_FAILURES = 3
 # Urgent uploads hold periodic ones back at most this long: a stuck JIT upload (a store that
 # keeps refusing it) must not stop every other checkpoint from being saved.
 MAX_PAUSE = 60.0
+# A hold (``holding``) keeps an older periodic upload from starting at most this long: the
+# shim writes the held checkpoint as soon as the upload before it is committed, so a hold
+# that lasts past a write is a process that is stuck (or hostile), and the store must not
+# go without the checkpoint it could have.
+MAX_HOLD = 120.0
 
 
 class Uploader:
@@ -66,6 +74,7 @@ class Uploader:
         on_drop: OnDrop | None = None,
         on_superseded: OnDrop | None = None,
         max_pause: float = MAX_PAUSE,
+        max_hold: float = MAX_HOLD,
         newest_committed: int | None = None,
     ) -> None:
         self._store = store
@@ -89,6 +98,12 @@ class Uploader:
         self._urgent_clear.set()
         self._pause_timer: asyncio.TimerHandle | None = None
         self._pause_over = False
+        self._max_hold = max_hold
+        # The step the trainer holds in memory and the connection that said so (``hold``).
+        self._holding: tuple[int, int] | None = None
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._holds_ended = 0  # a timer that fired for a hold since ended ends nothing
+        self._expiry: asyncio.Task[None] | None = None
         self.last_error: str | None = None
 
     @property
@@ -108,6 +123,8 @@ class Uploader:
         """Queue ``job``; the periodic checkpoints it supersedes are dropped before this returns
         (their staged links are gone by the time the shim hears ``ok``)."""
         async with self._changed:
+            if backlog.ends_hold(job, self.holding):
+                self._end_hold()
             self._pending[job.id] = job
             dropped = backlog.superseded_on_accept(
                 job, list(self._pending.values()), self._newest_committed
@@ -119,12 +136,81 @@ class Uploader:
         for old, why in dropped:
             await self._supersede(old, why)
 
+    @property
+    def holding(self) -> int | None:
+        """The step of the periodic checkpoint the trainer holds in memory, or None."""
+        return None if self._holding is None else self._holding[0]
+
+    async def hold(self, step: int, owner: int) -> None:
+        """Connection ``owner`` holds a periodic checkpoint of ``step`` in memory until the
+        volume has room for it: older periodic uploads wait for it (``backlog``). One hold
+        at a time, the newest said, on the clock of the one it replaces (saying it again
+        never makes a hold longer); nothing at or below the newest commit is held for."""
+        async with self._changed:
+            if not backlog.at_or_below(step, self._newest_committed):
+                log.info(
+                    "the trainer holds checkpoint-%d in memory until the volume has room: "
+                    "older periodic uploads wait for it",
+                    step,
+                )
+                self._holding = (step, owner)
+            self._changed.notify_all()
+
+    async def release(self, owner: int, step: int | None = None) -> None:
+        """Connection ``owner``'s hold (of ``step``; None: whichever) ends: its save was dropped
+        or failed, or the connection closed. Another connection's hold stays."""
+        async with self._changed:
+            held = self._holding
+            if held is not None and held[1] == owner and step in (None, held[0]):
+                self._end_hold()
+                self._changed.notify_all()
+
+    def _end_hold(self) -> None:
+        self._holding = None
+        self._holds_ended += 1
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+
+    def _held_back(self, job: StagedJob) -> bool:
+        """Whether ``job`` waits for the held checkpoint; the first wait starts the hold's
+        clock (``MAX_HOLD``)."""
+        if not backlog.held_back(job, self.holding):
+            return False
+        if self._hold_timer is None:
+            ended = self._holds_ended
+            self._hold_timer = asyncio.get_running_loop().call_later(
+                self._max_hold, self._hold_timed_out, ended
+            )
+        return True
+
+    def _hold_timed_out(self, ended: int) -> None:
+        self._expiry = asyncio.ensure_future(self._hold_expired(ended))
+
+    async def _hold_expired(self, ended: int) -> None:
+        async with self._changed:
+            held = self._holding
+            if held is None or ended != self._holds_ended:
+                return  # that hold ended already
+            self._hold_timer = None  # it fired
+            self._end_hold()
+            log.warning(
+                "checkpoint-%d, held in the trainer's memory, was not staged within %.0fs of "
+                "holding an older upload back: that upload goes on",
+                held[0],
+                self._max_hold,
+            )
+            self._changed.notify_all()
+
     async def _committed(self, step: int) -> None:
         """A checkpoint of ``step`` is committed: every older one staged is dropped, an
         upload in flight cancelled (its multipart upload aborted)."""
         async with self._changed:
             if self._newest_committed is None or step > self._newest_committed:
                 self._newest_committed = step
+            held = self.holding
+            if held is not None and backlog.at_or_below(held, step):
+                self._end_hold()  # the held one is committed, or older than what is
             queued = backlog.superseded_by_commit(step, list(self._pending.values()))
             for old in queued:
                 del self._pending[old.id]
@@ -188,7 +274,7 @@ class Uploader:
         )
 
     def _pick(self, urgent: bool) -> StagedJob | None:
-        lane = [j for j in self._pending.values() if j.urgent == urgent]
+        lane = [j for j in self._pending.values() if j.urgent == urgent and not self._held_back(j)]
         if not lane:
             return None
         return max(lane, key=lambda j: (j.step, j.staged_at))

@@ -10,13 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from shim.channel import Backlog
 from shim.checkpoints import newest_checkpoint
 from shim.localcopies import FREED_PREFIX, LocalCopies
 from shim.staging import stage
 
+Committed = Callable[[], Backlog | None]
 
-def _committed(step: int | None) -> Callable[[], int | None]:
-    return lambda: step
+
+def _committed(step: int | None, superseded: frozenset[int] = frozenset()) -> Committed:
+    """What the sidecar says: ``step`` committed (None: it cannot be asked), ``superseded``."""
+    return lambda: None if step is None else Backlog(0, step, superseded)
 
 
 def _checkpoint(root: Path, step: int, payload: bytes = b"w" * 4096) -> Path:
@@ -62,7 +66,7 @@ def test_nobody_is_asked_when_nothing_could_go(tmp_path: Path) -> None:
     copies = LocalCopies(str(checkpoints))
     copies.handed(str(_checkpoint(checkpoints, 5)), 5)
 
-    def never() -> int | None:
+    def never() -> Backlog | None:
         raise AssertionError("asked")
 
     copies.free(5, never)
@@ -132,9 +136,31 @@ def test_a_failure_is_said_never_raised(tmp_path: Path, capsys: pytest.CaptureFi
     copies = LocalCopies(str(checkpoints))
     copies.handed(str(_checkpoint(checkpoints, 5)), 5)
 
-    def broken() -> int | None:
+    def broken() -> Backlog | None:
         raise RuntimeError("no answer")
 
     copies.free(10, broken)
     assert "removing the local copies of older checkpoints" in capsys.readouterr().err
     assert _names(checkpoints) == ["checkpoint-5"]
+
+
+def test_a_copy_a_newer_one_replaced_goes_and_what_was_kept_stays_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sidecar dropped checkpoint-10's upload for checkpoint-15 (queued behind the upload
+    of 5, replaced before its own began): its copy goes though nothing newer than 5 is
+    committed, and says why. A call that names nothing to keep keeps what the last kept
+    (the writer's ``free`` once it has room, ``volumeroom``)."""
+    checkpoints = tmp_path / "checkpoints"
+    copies = LocalCopies(str(checkpoints))
+    best = _checkpoint(checkpoints, 3)
+    for step in (3, 5, 10, 15):
+        copies.handed(str(_checkpoint(checkpoints, step) if step != 3 else best), step)
+    copies.free(20, _committed(None))
+    assert len(_names(checkpoints)) == 4  # the sidecar cannot be asked: everything stays
+    copies.free(20, _committed(1, frozenset({10})), keep=(str(best),))
+    assert _names(checkpoints) == ["checkpoint-15", "checkpoint-3", "checkpoint-5"]
+    said = capsys.readouterr().err
+    assert "checkpoint-10 (a newer checkpoint replaced it before its upload began)" in said
+    copies.free(20, _committed(15), keep=None)
+    assert _names(checkpoints) == ["checkpoint-3"]

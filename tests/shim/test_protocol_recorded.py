@@ -53,6 +53,9 @@ def test_the_shims_real_messages_and_the_agents_answers_parse(
     # a process the shim does not follow says (tests/shim/test_no_optimizer.py has one).
     client = Client(str(recorded))
     assert isinstance(client.call(protocol.Status()), protocol.StatusAnswer)
+    # A save held in memory for room on the volume, then dropped (``shim/volumeroom.py``).
+    assert isinstance(client.call(protocol.Holding(step=99)), protocol.OkAnswer)
+    assert isinstance(client.call(protocol.Holding(step=99, released=True)), protocol.OkAnswer)
     unfollowed = protocol.Unfollowed(reason="it trains with no optimizer")
     assert isinstance(client.call(unfollowed), protocol.OkAnswer)
     waited = client.call(protocol.AwaitRestore(seconds=5))

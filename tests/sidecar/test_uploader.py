@@ -310,3 +310,88 @@ def test_a_job_that_cannot_be_uploaded_is_dropped_and_the_lane_goes_on(tmp_path:
     asyncio.run(main())
     assert queue.committed == [(4, "periodic")]
     assert [step for step, _ in queue.dropped] == [3] and "cannot be uploaded" in errors[-1]
+
+
+def _local_queue(tmp_path: Path) -> Queue:
+    return Queue(AgentConfig(destination=str(tmp_path / "claim"), local_dir=tmp_path / "local"))
+
+
+def test_a_held_checkpoint_keeps_the_queued_one_from_starting_and_supersedes_it(
+    tmp_path: Path,
+) -> None:
+    """The trainer holds checkpoint-6 in memory for want of room on the volume: the periodic
+    checkpoint-4 queued is not started (the lane is free), and once 6 is staged it supersedes
+    4, which never reaches the store. A JIT checkpoint is never held back."""
+    queue = _local_queue(tmp_path)
+
+    async def main() -> list[dict[str, object]]:
+        async with open_store(queue.config) as store:
+            uploader = Uploader(
+                store, queue.config, Metrics(), queue.on_commit, on_superseded=queue.on_superseded
+            )
+            await uploader.submit(queue.job(4, "periodic", {"w": 4096}))
+            await uploader.hold(6, owner=1)
+            async with lanes(uploader):
+                await uploader.submit(queue.job(3, "jit", {"w": 10}))
+                await asyncio.wait_for(queue.commit_seen.wait(), 30)
+                await asyncio.sleep(0.5)  # the lane is free: 4 would have started by now
+                waiting = uploader.snapshot()
+                await uploader.submit(queue.job(6, "periodic", {"w": 4096}))
+                await asyncio.wait_for(uploader.wait_idle(), 30)
+            assert uploader.holding is None  # staging 6 ended the hold
+            return waiting
+
+    waiting = asyncio.run(main())
+    assert waiting == [{"step": 4, "kind": "periodic", "state": "queued", "files": 1}]
+    assert queue.committed == [(3, "jit"), (6, "periodic")]
+    assert queue.dropped == [(4, "superseded by checkpoint-6 before its upload began")]
+
+
+@pytest.mark.parametrize("end", ["released", "closed", "timed out"])
+def test_a_hold_ends_when_its_connection_says_so_or_closes_or_it_lasts_too_long(
+    tmp_path: Path, end: str
+) -> None:
+    """Held by connection 1: another connection's release changes nothing; connection 1's
+    release (its save dropped) or close (its process died) lets checkpoint-4 go at once, and
+    a hold nobody ends lets it go after ``max_hold`` seconds of holding it back."""
+    queue = _local_queue(tmp_path)
+
+    async def main() -> float:
+        async with open_store(queue.config) as store:
+            uploader = Uploader(
+                store,
+                queue.config,
+                Metrics(),
+                queue.on_commit,
+                on_superseded=queue.on_superseded,
+                max_hold=1.0 if end == "timed out" else 600.0,
+            )
+            await uploader.hold(6, owner=1)
+            await uploader.submit(queue.job(4, "periodic", {"w": 4096}))
+            async with lanes(uploader):
+                await uploader.release(owner=2)
+                await uploader.release(owner=1, step=5)  # not the step it holds
+                started = time.monotonic()
+                if end == "released":
+                    await uploader.release(owner=1, step=6)
+                elif end == "closed":
+                    await uploader.release(owner=1)
+                await asyncio.wait_for(queue.commit_seen.wait(), 30)
+                return time.monotonic() - started
+
+    waited = asyncio.run(main())
+    assert queue.committed == [(4, "periodic")] and queue.dropped == []
+    assert (waited >= 0.9) == (end == "timed out"), waited
+
+
+def test_a_hold_at_or_below_the_newest_commit_holds_nothing(tmp_path: Path) -> None:
+    """Checkpoint-8 is committed: a hold of 8 (a late or forged one) holds nothing back."""
+    queue = _local_queue(tmp_path)
+
+    async def main() -> int | None:
+        async with open_store(queue.config) as store:
+            uploader = Uploader(store, queue.config, Metrics(), queue.on_commit, newest_committed=8)
+            await uploader.hold(8, owner=1)
+            return uploader.holding
+
+    assert asyncio.run(main()) is None

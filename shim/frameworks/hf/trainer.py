@@ -182,7 +182,7 @@ class TrainerSession:
         self.stage_written(block=True)  # one save in flight: wait for it, hand it over
         self._free_local(step)
         stable = hfsaves.optimizer_storages(self.trainer)
-        return saves.save(self.checkpoint_dir(step), step, save, stable)
+        return saves.save(self.checkpoint_dir(step), step, save, stable, self.run.room)
 
     def _free_local(self, step: int) -> None:
         """A periodic save of ``step`` begins: the older local copies the store has go

@@ -440,7 +440,8 @@ class FitSession:
             dist.barrier()  # every rank file is written before the marker, the .ckpt, appears
             if saves is not None and kind == KIND_PERIODIC:
                 stable = lightningsaves.optimizer_storages(trainer)
-                saves.save(directory, step, lambda: trainer.save_checkpoint(path), stable)
+                write = functools.partial(trainer.save_checkpoint, path)
+                saves.save(directory, step, write, stable, self.run.room)
                 return
             if shards is not None and kind == KIND_PERIODIC:
                 if shards.save(lambda: trainer.save_checkpoint(path), directory, step):
