@@ -10,9 +10,9 @@ keeps the bytes). Three rules follow, and they are the whole policy:
 - when a checkpoint is accepted, every periodic checkpoint of an older step
   still queued (not uploading) is dropped, and so is the new one if it is
   periodic and older than one queued: at most one periodic checkpoint waits
-  behind the one uploading, which is what keeps the sizing rule (docs/platform/sizing.md)
-  (at most three checkpoints of the node's share when uploads fall behind: the
-  one being written, the one queued and the one uploading). The one queued is
+  behind the one uploading, which with the second rule keeps the sizing rule
+  (docs/platform/sizing.md: at most two checkpoints of the node's share when
+  uploads fall behind, see below). The one queued is
   the newest whole checkpoint, so it stays until a newer one is handed over,
   never dropped as the next save begins: a trainer killed during that save
   would resume from an older one;
